@@ -1,0 +1,150 @@
+"""The hyperparameters of a CosyVoice2 model directory, read out of its `cosyvoice2.yaml` as data.
+
+Only the values our modules need are taken; the yaml's class names are checked (so a CosyVoice 1 or 3
+yaml fails clearly) but never imported.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cosy.flow.config import CFMConfig, EncoderConfig, EstimatorConfig, FlowConfig
+from cosy.hift.config import HiFTConfig
+from cosy.hyperyaml import Tagged, load_hyperyaml
+
+# The official classes whose arguments we read (last component of the tag's dotted name).
+_EXPECTED = {
+    "flow": "CausalMaskedDiffWithXvec",
+    "flow.encoder": "UpsampleConformerEncoder",
+    "flow.decoder": "CausalConditionalCFM",
+    "flow.decoder.estimator": "CausalConditionalDecoder",
+    "hift": "HiFTGenerator",
+    "hift.f0_predictor": "ConvRNNF0Predictor",
+}
+
+
+@dataclass
+class SamplingConfig:
+    """RAS sampling parameters of the LM (`llm.sampling`)."""
+
+    top_p: float = 0.8
+    top_k: int = 25
+    win_size: int = 10
+    tau_r: float = 0.1
+
+
+@dataclass
+class ModelConfig:
+    """Everything our stages need from `cosyvoice2.yaml`."""
+
+    sample_rate: int
+    token_frame_rate: int
+    chunk_size: int  # streaming chunk in speech tokens
+    llm_input_size: int
+    speech_token_size: int
+    sampling: SamplingConfig
+    flow: FlowConfig
+    hift: HiFTConfig
+
+
+def _node(doc: dict, path: str) -> Tagged:
+    node: Any = doc
+    for part in path.split("."):
+        node = node.get(part) if isinstance(node, (dict, Tagged)) else None
+    expected = _EXPECTED[path]
+    if not isinstance(node, Tagged) or node.target.rsplit(".", 1)[-1] != expected:
+        found = node.target if isinstance(node, Tagged) else type(node).__name__
+        raise ValueError(f"'{path}' should be a !new:...{expected}, found {found}")
+    return node
+
+
+def _flow_config(doc: dict) -> FlowConfig:
+    flow, enc = _node(doc, "flow"), _node(doc, "flow.encoder")
+    cfm, est = _node(doc, "flow.decoder"), _node(doc, "flow.decoder.estimator")
+    cfm_params = cfm.get("cfm_params")
+    cfm_params = cfm_params.get("content", {}) if isinstance(cfm_params, Tagged) else (cfm_params or {})
+    ratio = int(flow.get("token_mel_ratio", 2))
+    lookahead = int(flow.get("pre_lookahead_len", 3))
+    return FlowConfig(
+        vocab_size=int(flow["vocab_size"]),
+        input_size=int(flow["input_size"]),
+        output_size=int(flow["output_size"]),
+        spk_embed_dim=int(flow["spk_embed_dim"]),
+        token_mel_ratio=ratio,
+        pre_lookahead_len=lookahead,
+        encoder=EncoderConfig(
+            input_size=int(enc["input_size"]),
+            output_size=int(enc["output_size"]),
+            attention_heads=int(enc["attention_heads"]),
+            linear_units=int(enc["linear_units"]),
+            num_blocks=int(enc["num_blocks"]),
+            static_chunk_size=int(enc.get("static_chunk_size", 25)),
+            pre_lookahead_len=lookahead,
+            upsample_stride=ratio,
+        ),
+        estimator=EstimatorConfig(
+            in_channels=int(est["in_channels"]),
+            out_channels=int(est["out_channels"]),
+            channels=tuple(int(c) for c in est["channels"]),
+            attention_head_dim=int(est["attention_head_dim"]),
+            n_blocks=int(est["n_blocks"]),
+            num_mid_blocks=int(est["num_mid_blocks"]),
+            num_heads=int(est["num_heads"]),
+            static_chunk_size=int(est.get("static_chunk_size", 50)),
+            num_decoding_left_chunks=int(est.get("num_decoding_left_chunks", -1)),
+        ),
+        cfm=CFMConfig(
+            inference_cfg_rate=float(cfm_params.get("inference_cfg_rate", 0.7)),
+            t_scheduler=str(cfm_params.get("t_scheduler", "cosine")),
+        ),
+    )
+
+
+def _hift_config(doc: dict) -> HiFTConfig:
+    hift, f0 = _node(doc, "hift"), _node(doc, "hift.f0_predictor")
+    istft = hift["istft_params"]
+    return HiFTConfig(
+        in_channels=int(hift["in_channels"]),
+        base_channels=int(hift["base_channels"]),
+        nb_harmonics=int(hift["nb_harmonics"]),
+        sampling_rate=int(hift["sampling_rate"]),
+        nsf_alpha=float(hift["nsf_alpha"]),
+        nsf_sigma=float(hift["nsf_sigma"]),
+        nsf_voiced_threshold=float(hift["nsf_voiced_threshold"]),
+        upsample_rates=tuple(hift["upsample_rates"]),
+        upsample_kernel_sizes=tuple(hift["upsample_kernel_sizes"]),
+        istft_n_fft=int(istft["n_fft"]),
+        istft_hop_len=int(istft["hop_len"]),
+        resblock_kernel_sizes=tuple(hift["resblock_kernel_sizes"]),
+        resblock_dilation_sizes=tuple(tuple(d) for d in hift["resblock_dilation_sizes"]),
+        source_resblock_kernel_sizes=tuple(hift["source_resblock_kernel_sizes"]),
+        source_resblock_dilation_sizes=tuple(tuple(d) for d in hift["source_resblock_dilation_sizes"]),
+        lrelu_slope=float(hift["lrelu_slope"]),
+        audio_limit=float(hift["audio_limit"]),
+        f0_num_class=int(f0.get("num_class", 1)),
+        f0_in_channels=int(f0.get("in_channels", 80)),
+        f0_cond_channels=int(f0.get("cond_channels", 512)),
+    )
+
+
+def read_model_config(yaml_path: str | Path) -> ModelConfig:
+    """Read `cosyvoice2.yaml`. Raises ValueError naming the file and the key when something is off."""
+    doc = load_hyperyaml(yaml_path, overrides={"qwen_pretrain_path": ""})
+    try:
+        llm = doc["llm"]
+        sampling = llm.get("sampling") if isinstance(llm, Tagged) else None
+        return ModelConfig(
+            sample_rate=int(doc["sample_rate"]),
+            token_frame_rate=int(doc.get("token_frame_rate", 25)),
+            chunk_size=int(doc.get("chunk_size", 25)),
+            llm_input_size=int(llm["llm_input_size"]),
+            speech_token_size=int(llm["speech_token_size"]),
+            sampling=SamplingConfig(**{k: sampling.get(k, getattr(SamplingConfig, k))
+                                       for k in ("top_p", "top_k", "win_size", "tau_r")})
+            if isinstance(sampling, Tagged) else SamplingConfig(),
+            flow=_flow_config(doc),
+            hift=_hift_config(doc),
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{yaml_path}: {e}") from None

@@ -1,0 +1,40 @@
+"""Shared fixtures: the golden data copied into the repo, and random model directories built on demand."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).parent / "fixtures"
+GOLDEN = FIXTURES / "golden"
+STATE_DICT_LIST = FIXTURES / "cosyvoice2-state-dict.txt"
+ASSETS = Path(__file__).parent.parent / "assets"
+
+
+def reference_entries(section: str) -> list[tuple[str, tuple[int, ...], str]]:
+    """(key, shape, dtype) in file order for one section ('llm', 'flow', 'hift') of the official list."""
+    out, current = [], None
+    for line in STATE_DICT_LIST.read_text().splitlines():
+        if line.startswith("###"):
+            current = line.split()[1]
+        elif current == section and line.strip() and not line.startswith("#"):
+            key, dims, dtype = re.fullmatch(r"(\S+) \(([\d, ]*)\) (\S+)", line.strip()).groups()
+            out.append((key, tuple(int(d) for d in dims.split(",") if d.strip()), dtype))
+    return out
+
+
+def reference_shapes(section: str) -> dict[str, tuple[int, ...]]:
+    return {key: shape for key, shape, _ in reference_entries(section)}
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    from cosy.random_model import write_random_model
+    return write_random_model(tmp_path_factory.mktemp("tiny"), "tiny", seed=1)
+
+
+@pytest.fixture(scope="session")
+def full_model_dir(tmp_path_factory) -> Path:
+    from cosy.random_model import write_random_model
+    return write_random_model(tmp_path_factory.mktemp("full"), "full", seed=0)
