@@ -1,0 +1,71 @@
+"""The flow stage, speech tokens -> mel: official `CausalMaskedDiffWithXvec` (inference only)."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from cosy.flow.config import FlowConfig
+from cosy.flow.encoder import UpsampleConformerEncoder
+from cosy.flow.flow_matching import CausalConditionalCFM
+
+
+class FlowModel(nn.Module):
+    """Token embedding + conformer encoder (x2 upsampling) + conditional flow matching decoder.
+
+    Attribute names mirror the official state-dict keys, so `load_state_dict(torch.load('flow.pt'))` works
+    as is. The module keeps no per-request state; concurrent calls may share it.
+    """
+
+    def __init__(self, cfg: FlowConfig):
+        super().__init__()
+        enc = cfg.encoder
+        if enc.pre_lookahead_len != cfg.pre_lookahead_len or enc.upsample_stride != cfg.token_mel_ratio:
+            raise ValueError("encoder pre_lookahead_len / upsample_stride must equal the flow's "
+                             "pre_lookahead_len / token_mel_ratio")
+        if cfg.estimator.in_channels != 4 * cfg.output_size:
+            raise ValueError("estimator in_channels must be 4 * output_size (x, mu, spks, cond)")
+        self.cfg = cfg
+        # Random init is thrown away (weights come from flow.pt); don't let it consume the caller's CPU RNG.
+        with torch.random.fork_rng(devices=[]):
+            self.input_embedding = nn.Embedding(cfg.vocab_size, cfg.input_size)
+            self.spk_embed_affine_layer = nn.Linear(cfg.spk_embed_dim, cfg.output_size)
+            self.encoder = UpsampleConformerEncoder(enc)
+            self.encoder_proj = nn.Linear(enc.output_size, cfg.output_size)
+            self.decoder = CausalConditionalCFM(cfg.cfm, cfg.estimator)
+
+    @torch.inference_mode()
+    def inference(self, token: Tensor, prompt_token: Tensor, prompt_feat: Tensor, embedding: Tensor,
+                  streaming: bool, finalize: bool) -> Tensor:
+        """Generate the mel for `token`, continuing the prompt.
+
+        Args:
+            token: (1, T) int speech tokens to synthesise.  prompt_token: (1, Tp) int prompt tokens.
+            prompt_feat: (1, Tm, 80) float prompt mel.  embedding: (1, 192) speaker embedding.
+            streaming: chunk attention masks in encoder and estimator (else full attention).
+            finalize: False for a non-final streaming chunk: the last pre_lookahead_len tokens are look-ahead
+                context only and produce no mel.
+        Returns:
+            (1, 80, ratio*(Tp + T [- pre_lookahead_len if not finalize]) - Tm) float32 mel.
+        """
+        cfg = self.cfg
+        dtype = self.spk_embed_affine_layer.weight.dtype
+        spks = self.spk_embed_affine_layer(F.normalize(embedding.to(dtype), dim=1))
+
+        tokens = torch.cat([prompt_token, token], dim=1)
+        x = self.input_embedding(tokens.clamp(min=0))
+        context = None
+        if not finalize:
+            if tokens.size(1) <= cfg.pre_lookahead_len:
+                raise ValueError("a non-final chunk needs more tokens than pre_lookahead_len")
+            x, context = x[:, :-cfg.pre_lookahead_len], x[:, -cfg.pre_lookahead_len:]
+        h = self.encoder_proj(self.encoder(x, context, streaming))  # (1, T_mel, 80)
+
+        n_prompt, n_total = prompt_feat.size(1), h.size(1)
+        if n_prompt > n_total:
+            raise ValueError(f"prompt mel ({n_prompt} frames) is longer than the encoded tokens ({n_total} frames)")
+        cond = torch.zeros(1, cfg.output_size, n_total, device=h.device, dtype=h.dtype)
+        cond[:, :, :n_prompt] = prompt_feat.transpose(1, 2)
+
+        mel = self.decoder(h.transpose(1, 2).contiguous(), spks, cond, streaming)
+        return mel[:, :, n_prompt:].float()
