@@ -1,0 +1,63 @@
+"""Write random-weight model directories in the official CosyVoice2 layout (tiny or full size).
+
+No weights can be downloaded where our tests run, so tests and benchmarks use directories that this
+builder writes: the official `cosyvoice2.yaml` structure and the official state-dict keys and formats
+(hift.pt with legacy weight-norm names, like the published file), with seeded random values.
+"""
+from __future__ import annotations
+
+import os
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+from cosy.flow.model import FlowModel
+from cosy.hift.generator import HiFTGenerator
+from cosy.hift.weights import unfold_weight_norm, weight_normed_keys
+from cosy.model_config import read_model_config
+from cosy.random_model.sizes import SIZES
+
+__all__ = ["write_random_model", "SIZES"]
+
+
+def _atomic_write(path: Path, write) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def _save(state_dict: dict[str, torch.Tensor], path: Path) -> None:
+    _atomic_write(path, lambda p: torch.save({k: v.contiguous() for k, v in state_dict.items()}, p))
+
+
+def _voiced_f0(hift: HiFTGenerator) -> None:
+    """Make the random F0 predictor say 'voiced, about 100-300 Hz' so the sine source is exercised.
+
+    As initialised it predicts |f0| of a few Hz: every frame unvoiced, the source a constant.
+    """
+    clf = hift.f0_predictor.classifier
+    clf.weight.mul_(40.0)
+    clf.bias.fill_(180.0)
+
+
+def write_random_model(out_dir: str | Path, size: str = "tiny", seed: int = 0) -> Path:
+    """Write cosyvoice2.yaml, flow.pt and hift.pt for `size` into `out_dir` (created). Returns the path.
+
+    The same size and seed always give the same files. The caller's RNG state is left untouched.
+    """
+    if size not in SIZES:
+        raise ValueError(f"unknown size '{size}' (choose from {', '.join(SIZES)})")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    template = resources.files(__package__).joinpath("cosyvoice2.yaml.template").read_text(encoding="utf-8")
+    yaml_text = template.format(**vars(SIZES[size]))
+    _atomic_write(out / "cosyvoice2.yaml", lambda p: p.write_text(yaml_text, encoding="utf-8"))
+    cfg = read_model_config(out / "cosyvoice2.yaml")
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(seed)
+        _save(FlowModel(cfg.flow).state_dict(), out / "flow.pt")
+        hift = HiFTGenerator(cfg.hift)
+        _voiced_f0(hift)
+        _save(unfold_weight_norm(hift.state_dict(), weight_normed_keys(hift), legacy=True), out / "hift.pt")
+    return out

@@ -1,0 +1,207 @@
+"""Speech tokens -> 24 kHz audio: flow (tokens -> mel) then HiFT (mel -> wav), whole or streaming.
+
+Streaming follows the official chunking: a chunk fires once `hop + lookahead` new tokens are there; the
+first hop is padded so that prompt + first chunk end on a chunk boundary; hops grow 25 -> 50 -> 100; each
+chunk re-runs the flow over prompt + all tokens so far (chunk masks, fixed noise, so the prefix is
+unchanged) and keeps the new mel frames; HiFT carries 8 mel frames and their source over and crossfades.
+Unlike the official code, every piece of state lives in the per-request `Token2WavStream`, so concurrent
+requests share only read-only modules, and speed control also works while streaming.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from cosy.flow.model import FlowModel
+from cosy.hift.generator import HiFTGenerator
+
+MEL_CACHE_FRAMES = 8  # mel frames HiFT re-decodes at the start of the next chunk
+
+
+@dataclass
+class FlowPrompt:
+    """The voice prompt as the flow sees it.
+
+    tokens: (1, Tp) int speech tokens; mel: (1, 2*Tp, 80) 24 kHz prompt mel; embedding: (1, 192) CAM++.
+    """
+
+    tokens: Tensor
+    mel: Tensor
+    embedding: Tensor
+
+    @classmethod
+    def empty(cls, mel_bins: int = 80, spk_dim: int = 192) -> "FlowPrompt":
+        return cls(torch.zeros(1, 0, dtype=torch.int32), torch.zeros(1, 0, mel_bins), torch.zeros(1, spk_dim))
+
+
+def crossfade(head: Tensor, previous_tail: Tensor, window: Tensor) -> Tensor:
+    """Blend the first len(window)//2 samples of `head` (B, N) with `previous_tail` (B, >= len//2).
+
+    `window` is a symmetric window of even length 2L: its rising half weighs the new audio, its falling
+    half the old tail.
+    """
+    overlap = window.shape[0] // 2
+    out = head.clone()
+    out[:, :overlap] = head[:, :overlap] * window[:overlap] + previous_tail[:, -overlap:] * window[overlap:]
+    return out
+
+
+class MelStretcher:
+    """Streaming linear time-stretch of mel frames (the official speed control, made incremental).
+
+    Output frame j interpolates input position (j + 0.5) * speed - 0.5, like
+    `F.interpolate(mode='linear', align_corners=False)` with scale `speed`; a frame is emitted as soon as
+    both of its neighbours have arrived.
+    """
+
+    def __init__(self, speed: float):
+        self.speed = speed
+        self.frames: Tensor | None = None  # (B, C, n) input frames from index `self.base` on
+        self.base = 0
+        self.emitted = 0
+
+    def push(self, mel: Tensor, final: bool = False) -> Tensor:
+        """mel (B, C, n) new input frames -> (B, C, m) newly ready output frames."""
+        self.frames = mel if self.frames is None else torch.cat([self.frames, mel], dim=2)
+        total = self.base + self.frames.shape[2]
+        if final:
+            stop = int(total / self.speed)
+        else:  # frame j needs input floor(x_j) + 1 < total
+            stop = max(self.emitted, math.ceil((total - 0.5) / self.speed - 0.5))
+            while stop > self.emitted and math.floor(max((stop - 0.5) * self.speed - 0.5, 0)) + 1 >= total:
+                stop -= 1
+        j = torch.arange(self.emitted, stop, dtype=torch.float64)
+        x = ((j + 0.5) * self.speed - 0.5).clamp(min=0)
+        i0 = x.floor().long().clamp(max=total - 1)
+        i1 = (i0 + 1).clamp(max=total - 1)
+        lam = (x - i0).to(mel.dtype)
+        f = self.frames
+        out = f[:, :, i0 - self.base] * (1 - lam) + f[:, :, i1 - self.base] * lam
+        self.emitted = stop
+        # keep frames still needed by the next output frame
+        keep_from = min(int(max((stop + 0.5) * self.speed - 0.5, 0)), total - 1)
+        self.frames = self.frames[:, :, keep_from - self.base:]
+        self.base = keep_from
+        return out
+
+
+class Token2Wav:
+    """Flow + HiFT with the official streaming schedule. Stateless: per-request state is in streams."""
+
+    def __init__(self, flow: FlowModel, hift: HiFTGenerator, hop_len: int = 25, max_hop_len: int = 100,
+                 hop_growth: int = 2):
+        self.flow = flow.eval()
+        self.hift = hift.eval()
+        self.hop_len, self.max_hop_len, self.hop_growth = hop_len, max_hop_len, hop_growth
+        self.lookahead = flow.cfg.pre_lookahead_len
+        self.samples_per_frame = math.prod(hift.cfg.upsample_rates) * hift.cfg.istft_hop_len  # 480
+        self.source_cache_len = MEL_CACHE_FRAMES * self.samples_per_frame  # 3840
+        # np.hamming (symmetric), as the official crossfade uses
+        self.window = torch.hamming_window(2 * self.source_cache_len, periodic=False, dtype=torch.float64).float()
+
+    @property
+    def sample_rate(self) -> int:
+        return self.hift.cfg.sampling_rate
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.hift.parameters()).device
+
+    def generator(self, seed: int | None) -> torch.Generator:
+        g = torch.Generator(device=self.device)
+        g.manual_seed(seed if seed is not None else torch.seed())
+        return g
+
+    def mel(self, tokens: Tensor, prompt: FlowPrompt, streaming: bool = False, finalize: bool = True) -> Tensor:
+        """tokens (1, T) -> mel (1, 80, 2*T) (2*(T-3) when not finalizing: the lookahead is only context)."""
+        dev = self.device
+        return self.flow.inference(tokens.to(dev), prompt.tokens.to(dev), prompt.mel.to(dev),
+                                   prompt.embedding.to(dev), streaming=streaming, finalize=finalize)
+
+    @torch.inference_mode()
+    def vocode(self, mel: Tensor, seed: int | None = None) -> Tensor:
+        """mel (1, 80, F) -> wav (F*480,) float32 in [-0.99, 0.99]; `seed` fixes HiFT's source phases."""
+        speech, _ = self.hift.inference(mel.to(self.device, torch.float32), generator=self.generator(seed))
+        return speech[0].cpu()
+
+    @torch.inference_mode()
+    def __call__(self, tokens: Tensor, prompt: FlowPrompt, speed: float = 1.0, seed: int | None = None) -> Tensor:
+        """Whole-utterance synthesis: tokens (1, T) -> wav (int(2T / speed) * 480,) float32."""
+        mel = self.mel(tokens, prompt)
+        if speed != 1.0:  # the official speed control: linear resampling of the mel in time
+            mel = F.interpolate(mel, size=int(mel.shape[2] / speed), mode="linear")
+        return self.vocode(mel, seed)
+
+    def stream(self, prompt: FlowPrompt, speed: float = 1.0, seed: int | None = None) -> "Token2WavStream":
+        """A streaming session: push tokens as the LM makes them, get audio chunks back."""
+        return Token2WavStream(self, prompt, speed, self.generator(seed))
+
+
+class Token2WavStream:
+    """Per-request streaming state: tokens so far, chunk offset, HiFT cache, speed stretcher."""
+
+    def __init__(self, t2w: Token2Wav, prompt: FlowPrompt, speed: float, generator: torch.Generator):
+        self.t2w, self.prompt, self.generator = t2w, prompt, generator
+        self.tokens: list[int] = []
+        self.offset = 0  # tokens already turned into audio
+        self.hop = t2w.hop_len
+        n_prompt = prompt.tokens.shape[1]
+        self.first_pad = math.ceil(n_prompt / t2w.hop_len) * t2w.hop_len - n_prompt
+        self.stretcher = MelStretcher(speed) if speed != 1.0 else None
+        self.cache: tuple[Tensor, Tensor, Tensor] | None = None  # (mel, source, speech tail)
+        self.finished = False
+
+    def _next_hop(self) -> int:
+        return self.hop + self.first_pad if self.offset == 0 else self.hop
+
+    @torch.inference_mode()
+    def push(self, tokens: list[int] | Tensor) -> list[Tensor]:
+        """Add new speech tokens; returns the audio chunks (each (N,) float32) that became ready."""
+        if self.finished:
+            raise RuntimeError("this stream is finished")
+        self.tokens.extend(int(t) for t in (tokens.flatten().tolist() if isinstance(tokens, Tensor) else tokens))
+        chunks = []
+        while len(self.tokens) - self.offset >= self._next_hop() + self.t2w.lookahead:
+            hop = self._next_hop()
+            end = self.offset + hop + self.t2w.lookahead
+            chunks.append(self._chunk(self.tokens[:end], finalize=False))
+            self.offset += hop
+            self.hop = min(self.t2w.max_hop_len, self.hop * self.t2w.hop_growth)
+        return chunks
+
+    @torch.inference_mode()
+    def finish(self) -> Tensor:
+        """Flush: the last chunk, computed with full attention over all tokens."""
+        if self.finished:
+            raise RuntimeError("this stream is finished")
+        self.finished = True
+        return self._chunk(self.tokens, finalize=True)
+
+    def _chunk(self, tokens: list[int], finalize: bool) -> Tensor:
+        t2w = self.t2w
+        if not tokens and self.cache is None:
+            return torch.zeros(0)
+        token_tensor = torch.tensor(tokens, dtype=torch.int32).unsqueeze(0)
+        # the official last chunk runs without chunk masks (full attention); earlier ones stream
+        mel = t2w.mel(token_tensor, self.prompt, streaming=not finalize, finalize=finalize)
+        mel = mel[:, :, self.offset * t2w.flow.cfg.token_mel_ratio:]
+        if self.stretcher is not None:
+            mel = self.stretcher.push(mel, final=finalize)
+        cache_source = None
+        if self.cache is not None:
+            mel = torch.cat([self.cache[0], mel], dim=2)
+            cache_source = self.cache[1]
+        if mel.shape[2] == 0:
+            return torch.zeros(0)
+        speech, source = t2w.hift.inference(mel, cache_source=cache_source, generator=self.generator)
+        if self.cache is not None:
+            speech = crossfade(speech, self.cache[2], t2w.window.to(speech))
+        if not finalize:
+            n = t2w.source_cache_len
+            self.cache = (mel[:, :, -MEL_CACHE_FRAMES:], source[:, :, -n:], speech[:, -n:])
+            speech = speech[:, :-n]
+        return speech[0].float().cpu()

@@ -1,0 +1,86 @@
+"""`python -m cosy.golden_check`: on the official fixtures, and on other directories of the same format."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from conftest import GOLDEN
+from safetensors.torch import load_file, save_file
+
+from cosy.load import load_flow, load_hift
+
+
+def golden_check(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cosy.golden_check", *map(str, args)],
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_official_flow_and_hift_cases_pass():
+    r = golden_check(GOLDEN, "--kinds", "flow,hift")
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = [line for line in r.stdout.splitlines()[1:] if line.strip()]
+    names = [row.split()[0] for row in rows]
+    assert names == ["flow.nonstream", "flow.stream_first28", "flow.stream_first33",
+                     "flow.stream_true_finalize_60", "hift.f0_predictor", "hift.source_zero_noise.source",
+                     "hift.source_zero_noise.speech", "hift.decode"]
+    for row in rows:
+        diff, tol = float(row.split()[1]), float(row.split()[2])
+        assert row.endswith("PASS") and diff <= tol
+
+
+def _copy_golden(dst: Path) -> Path:
+    shutil.copytree(GOLDEN, dst, ignore=shutil.ignore_patterns("tokenizer", "llm.pt", "CosyVoice-BlankEN"))
+    return dst
+
+
+def test_perturbed_reference_and_unknown_case_fail(tmp_path):
+    d = _copy_golden(tmp_path / "g")
+    tensors = load_file(d / "cases.safetensors")
+    tensors["flow.stream_first28.mel"][0, 5, 7] += 1e-3  # above the 1e-4 tolerance
+    save_file(tensors, d / "cases.safetensors")
+    meta = json.loads((d / "cases.json").read_text())
+    meta["cases"].append({"name": "flow.mystery", "producer": "something.else", "inputs": {}, "outputs": {}})
+    (d / "cases.json").write_text(json.dumps(meta))
+    r = golden_check(d, "--kinds", "flow")
+    assert r.returncode == 1
+    lines = {line.split()[0]: line for line in r.stdout.splitlines()[1:]}
+    assert lines["flow.stream_first28"].endswith("FAIL") and lines["flow.nonstream"].endswith("PASS")
+    assert "not understood" in lines["flow.mystery"]
+
+
+def test_any_directory_of_the_format(tmp_path, tiny_model_dir):
+    """Another model (random tiny, other seed), other inputs and names: the format alone drives the check."""
+    d = tmp_path / "other"
+    shutil.copytree(tiny_model_dir, d / "model")
+    g = torch.Generator().manual_seed(5)
+    t = {"x.token": torch.randint(0, 6561, (1, 41), generator=g, dtype=torch.int32),
+         "x.prompt": torch.randint(0, 6561, (1, 12), generator=g, dtype=torch.int32),
+         "x.feat": torch.randn(1, 24, 80, generator=g), "x.emb": torch.randn(1, 192, generator=g),
+         "x.mel": torch.randn(1, 80, 37, generator=g) - 5, "x.s": torch.randn(1, 1, 37 * 480, generator=g) * 0.1}
+    flow, hift = load_flow(d / "model"), load_hift(d / "model")
+    t["x.flow_out"] = flow.inference(t["x.token"][:, :30], t["x.prompt"], t["x.feat"], t["x.emb"],
+                                     streaming=True, finalize=False)
+    with torch.no_grad():
+        t["x.f0"] = hift.predict_f0(t["x.mel"])
+        t["x.speech"] = hift.decode(t["x.mel"], t["x.s"])
+    save_file({k: v.contiguous() for k, v in t.items()}, d / "cases.safetensors")
+    cases = [
+        {"name": "flow.partial", "producer": "CausalMaskedDiffWithXvec.inference",
+         "args": {"streaming": True, "finalize": False},
+         "inputs": {"token": "x.token[:, :30]", "prompt_token": {"tensor": "x.prompt"},
+                    "prompt_feat": {"tensor": "x.feat"}, "embedding": "x.emb"},
+         "outputs": {"mel": {"tensor": "x.flow_out"}}, "suggested_tolerance": {"atol": 1e-5}},
+        {"name": "hift.f0", "producer": "HiFTGenerator.f0_predictor", "inputs": {"speech_feat": "x.mel"},
+         "outputs": {"f0": {"tensor": "x.f0"}}, "suggested_tolerance": {"atol": 1e-3}},
+        {"name": "hift.dec", "producer": "HiFTGenerator.decode(x, s)", "inputs": {"x": "x.mel", "s": "x.s"},
+         "outputs": {"speech": {"tensor": "x.speech"}}, "suggested_tolerance": {"atol": 1e-6}},
+    ]
+    (d / "cases.json").write_text(json.dumps({"cases": cases}))
+    r = golden_check(d)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert [line.split()[0] for line in r.stdout.splitlines()[1:]] == ["flow.partial", "hift.f0", "hift.dec"]
+    assert t["x.flow_out"].shape == (1, 80, 2 * (12 + 27) - 24)

@@ -1,0 +1,40 @@
+"""Loading official state dicts strictly, with errors that name the file and the keys."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+from conftest import GOLDEN, reference_shapes
+
+from cosy.hift.weights import fold_weight_norm
+from cosy.load import load_flow, load_hift
+from cosy.model_dir import ModelDirError
+
+
+def test_mismatched_checkpoint_names_file_and_keys(tmp_path):
+    d = tmp_path / "m"
+    shutil.copytree(GOLDEN / "model", d)
+    sd = torch.load(d / "flow.pt", weights_only=True)
+    sd["extra.weight"] = torch.zeros(1)
+    del sd["encoder_proj.bias"]
+    sd["spk_embed_affine_layer.weight"] = torch.zeros(3, 3)
+    torch.save(sd, d / "flow.pt")
+    with pytest.raises(ModelDirError) as e:
+        load_flow(d)
+    msg = str(e.value)
+    assert "flow.pt does not match cosyvoice2.yaml" in msg
+    assert "missing: encoder_proj.bias" in msg and "unexpected: extra.weight" in msg
+    assert "wrong shape: spk_embed_affine_layer.weight (3, 3)" in msg
+
+
+def test_full_random_model_loads_strictly_with_official_keys(full_model_dir):
+    flow = load_flow(full_model_dir)
+    assert {k: tuple(v.shape) for k, v in flow.state_dict().items()} == reference_shapes("flow")
+    assert sum(p.numel() for p in flow.parameters()) == pytest.approx(112.5e6, rel=0.01)
+    hift = load_hift(full_model_dir)
+    # the file holds the published (legacy weight_g / weight_v) names; folded they equal our module's keys
+    raw = torch.load(full_model_dir / "hift.pt", weights_only=True)
+    assert any(k.endswith(".weight_g") for k in raw) and not any("parametrizations" in k for k in raw)
+    assert set(fold_weight_norm(raw)) == set(hift.state_dict())
+    assert sum(p.numel() for p in hift.parameters()) == pytest.approx(20.8e6, rel=0.01)
