@@ -1,0 +1,76 @@
+"""Voice prompt -> what the LM and flow need of it: speech tokens, aligned flow mel, speaker embedding.
+
+Follows the official `frontend_zero_shot` for CosyVoice2 (24 kHz): the prompt is read once, resampled to
+16 kHz (speech tokenizer, CAM++) and to 24 kHz (flow mel), and the mel and tokens are cut to a common length
+at exactly 2 mel frames per token:
+
+    token_len = min(mel_frames // 2, n_tokens);  mel = mel[:, :2 * token_len];  tokens = tokens[:, :token_len]
+
+One encoder serves concurrent requests: it holds only the two read-only ONNX sessions.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from cosy.audio.features import flow_mel, kaldi_fbank, whisper_log_mel
+from cosy.audio.io import MAX_PROMPT_SECONDS, AudioError, AudioSource, load_prompt
+from cosy.audio.resample import resample
+from cosy.model_dir import CAMPPLUS, SPEECH_TOKENIZER, ModelDirError
+from cosy.prompt.onnx_models import SpeakerEmbedder, SpeechTokenizer
+
+TOKENIZER_SR = 16000
+FLOW_SR = 24000
+MEL_FRAMES_PER_TOKEN = 2
+
+
+@dataclass
+class PromptFeatures:
+    """Everything a voice prompt contributes to synthesis (CPU tensors)."""
+
+    speech_tokens: torch.Tensor  # (1, Tp) int32, 25 Hz, ids 0..6560
+    mel: torch.Tensor  # (1, 2*Tp, 80) float32, 50 Hz natural-log mel, aligned to the tokens
+    embedding: torch.Tensor  # (1, 192) float32 CAM++ speaker embedding
+
+
+def align(tokens: torch.Tensor, mel: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Official rule: cut tokens (1, T) and mel (1, F, 80) to token_len = min(F // 2, T) and 2 * token_len."""
+    token_len = min(mel.shape[1] // MEL_FRAMES_PER_TOKEN, tokens.shape[1])
+    return tokens[:, :token_len], mel[:, :MEL_FRAMES_PER_TOKEN * token_len]
+
+
+class VoicePromptEncoder:
+    """Opens `<model_dir>/speech_tokenizer_v2.onnx` and `<model_dir>/campplus.onnx`; encodes prompts.
+
+    threads: intra-op threads of each ONNX session (default: half the cores, 1 to 4).
+    """
+
+    def __init__(self, model_dir: str | Path, threads: int | None = None):
+        self.model_dir = Path(model_dir).expanduser()
+        if not self.model_dir.is_dir():
+            raise ModelDirError(f"model directory {self.model_dir} does not exist or is not a directory")
+        self.tokenizer = SpeechTokenizer(self.model_dir / SPEECH_TOKENIZER, threads)
+        self.embedder = SpeakerEmbedder(self.model_dir / CAMPPLUS, threads)
+
+    def speech_tokens(self, wav16k: torch.Tensor) -> torch.Tensor:
+        """16 kHz wav (1, N), at most 30 s -> speech tokens (1, ceil(N // 160 / 4)) int32."""
+        if wav16k.shape[-1] > MAX_PROMPT_SECONDS * TOKENIZER_SR:
+            raise AudioError(f"prompt audio is {wav16k.shape[-1] / TOKENIZER_SR:.1f} s; the speech tokenizer "
+                             f"takes at most {MAX_PROMPT_SECONDS:g} s")
+        return self.tokenizer(whisper_log_mel(wav16k))
+
+    def speaker_embedding(self, wav16k: torch.Tensor) -> torch.Tensor:
+        """16 kHz wav (1, N) -> CAM++ embedding (1, 192) float32."""
+        return self.embedder(kaldi_fbank(wav16k))
+
+    def encode(self, source: AudioSource) -> PromptFeatures:
+        """Prompt audio (path, file bytes or (array, rate)) -> aligned PromptFeatures. Raises AudioError."""
+        wav, sr = load_prompt(source)
+        wav16k = resample(wav, sr, TOKENIZER_SR).unsqueeze(0)
+        wav24k = resample(wav, sr, FLOW_SR).unsqueeze(0)
+        tokens = self.speech_tokens(wav16k)
+        embedding = self.speaker_embedding(wav16k)
+        tokens, mel = align(tokens, flow_mel(wav24k))
+        return PromptFeatures(speech_tokens=tokens.contiguous(), mel=mel.contiguous(), embedding=embedding)
