@@ -1,0 +1,190 @@
+"""Text normalization backends (ttsfrd, wetext) and the official Chinese/English rules around them.
+
+wetext: the official code pins wetext 0.0.4, which downloads its FSTs from ModelScope at construction
+(impossible offline). Later wheels bundle the same FSTs (0.0.7 to 0.1.0 ship identical files) but
+changed the Python around them: they strip the output (English loses wetext's trailing space, so
+segments end in " ." instead of the official " . .") and read digit-only text as Chinese ("2024" ->
+"两千零二十四"). `WetextNormalizer` therefore runs wetext 0.0.4's pipeline itself over the bundled FSTs:
+tag, reorder (wetext's TokenParser), verbalize, nothing stripped, and only when the text has a digit.
+
+ttsfrd (not on PyPI) is used only when importable and given its resource directory.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+from importlib.resources import files
+from pathlib import Path
+from typing import Callable
+
+__all__ = ["contains_chinese", "zh_rules", "NumberSpeller", "WetextNormalizer", "TtsfrdNormalizer"]
+
+log = logging.getLogger(__name__)
+
+CHINESE = re.compile(r"[\u4e00-\u9fff]")
+DIGIT = re.compile(r"\d")
+TRAILING_COMMAS = re.compile(r"[，,、]+$")
+# wetext's FSTs cost about 1 ms per character (en) and grow faster than linearly, and the lock is held
+# per call. So a text longer than WHOLE_CHARS is normalized in pieces of at most PIECE_CHARS. A piece ends
+# after a sentence end, else after a comma or blank, else anywhere outside a digit run; never right before
+# a digit, so "Jan. 5th", "45.6" and "1,000" stay whole. Like wetext itself, a piece is normalized only if
+# it has a digit. Texts up to WHOLE_CHARS go whole, exactly as officially.
+WHOLE_CHARS, PIECE_CHARS = 600, 200
+SENTENCE_CUT = re.compile(r"[.!?;:。！？；\n]\s*(?=[^\d\s])")
+CLAUSE_CUT = re.compile(r"(?:[，、,]\s*|\s+)(?=[^\d\s])")
+
+
+def contains_chinese(text: str) -> bool:
+    """True when any character is in U+4E00..U+9FFF (the official test that picks the zh rules)."""
+    return CHINESE.search(text) is not None
+
+
+def replace_blank(text: str) -> str:
+    """Keep a space only when both neighbours are non-space ASCII characters (i.e. between Latin words)."""
+    out = []
+    for i, c in enumerate(text):
+        if c == " ":
+            before = text[i - 1] if i > 0 else " "  # the text's ends count as blanks
+            after = text[i + 1] if i + 1 < len(text) else " "
+            if not (before.isascii() and after.isascii() and before != " " and after != " "):
+                continue
+        out.append(c)
+    return "".join(out)
+
+
+def zh_rules(text: str) -> str:
+    """The official clean-up of normalized Chinese text, in the official order."""
+    text = text.replace("\n", "")
+    text = replace_blank(text)
+    text = text.replace("²", "平方").replace("³", "立方")
+    # After TN any "." left is read as a sentence end (official: "v2.1.0" -> "v二。一点零").
+    text = text.replace(".", "。").replace(" - ", "，")
+    for bracket in ("（", "）", "【", "】", "`"):
+        text = text.replace(bracket, "")
+    text = text.replace("——", " ")
+    return TRAILING_COMMAS.sub("。", text)
+
+
+_ONES = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+
+
+class NumberSpeller:
+    """The official `spell_out_number`: each run of digits (str.isdigit) becomes English words (inflect).
+
+    inflect takes about a second to import, so it is loaded here, once, not on the first request.
+    """
+
+    def __init__(self):
+        import inflect
+
+        self._engine = inflect.engine()
+        self._lock = threading.Lock()  # inflect keeps per-call state on the engine
+
+    def _words(self, digits: str) -> str:
+        try:
+            with self._lock:
+                return self._engine.number_to_words(digits)
+        except Exception:  # > 36 digits: inflect gives up (the official code crashes); read digit by digit
+            return " ".join(_ONES[int(d)] if d.isdecimal() else d for d in digits)
+
+    def __call__(self, text: str) -> str:
+        out, start = [], None
+        for i, c in enumerate(text + "\0"):  # the sentinel ends a trailing run
+            if c.isdigit():
+                start = i if start is None else start
+                continue
+            if start is not None:
+                out.append(self._words(text[start:i]))
+                start = None
+            out.append(c)
+        return "".join(out)[:-1]
+
+
+def _last_cut(pattern: re.Pattern, window: str) -> int:
+    """End of the last match of `pattern` in `window` (0 when none)."""
+    ends = [m.end() for m in pattern.finditer(window)]
+    return ends[-1] if ends else 0
+
+
+def _hard_cut(window: str) -> int:
+    """PIECE_CHARS, moved back to the start of a digit run that crosses it (unless the run is all)."""
+    cut = PIECE_CHARS
+    while cut > 1 and window[cut - 1].isdigit() and window[cut].isdigit():
+        cut -= 1
+    return cut if cut > 1 else PIECE_CHARS
+
+
+def _pieces(text: str) -> list[str]:
+    """`text` cut into the pieces that wetext normalizes one by one (one piece when short)."""
+    if len(text) <= WHOLE_CHARS:
+        return [text]
+    pieces = []
+    while len(text) > PIECE_CHARS:
+        window = text[:PIECE_CHARS + 1]
+        cut = _last_cut(SENTENCE_CUT, window) or _last_cut(CLAUSE_CUT, window) or _hard_cut(window)
+        pieces.append(text[:cut])
+        text = text[cut:]
+    return pieces + [text] if text else pieces
+
+
+class WetextNormalizer:
+    """wetext 0.0.4's `Normalizer(lang=auto).normalize` over the FSTs bundled in the installed wetext.
+
+    Loaded once; calls are serialized by a lock (kaldifst's thread safety is undocumented).
+    """
+
+    def __init__(self):
+        import kaldifst
+        from wetext.token_parser import TokenParser
+
+        fsts = files("wetext") / "fsts"
+        self._rules: dict[str, tuple[Callable[[str], str], Callable[[str], str]]] = {}
+        for lang in ("zh", "en"):
+            paths = [fsts / lang / "tn" / name for name in ("tagger.fst", "verbalizer.fst")]
+            for path in paths:
+                if not path.is_file():
+                    raise RuntimeError(f"{path} is missing: install the pinned wetext (wheels 0.0.7 to 0.1.0 "
+                                       "bundle the FSTs this frontend reproduces)")
+            self._rules[lang] = (kaldifst.TextNormalizer(str(paths[0])), kaldifst.TextNormalizer(str(paths[1])))
+        self._token_parser = TokenParser
+        self._lock = threading.Lock()
+
+    def _normalize_piece(self, text: str, lang: str) -> str:
+        if DIGIT.search(text) is None:  # wetext 0.0.4 leaves digit-free text alone
+            return text
+        tagger, verbalizer = self._rules[lang]
+        try:
+            with self._lock:
+                tagged = tagger(text)
+                if not tagged.strip():  # nothing the tagger could read: TokenParser would assert
+                    return text
+                return verbalizer(self._token_parser(lang, "tn").reorder(tagged))
+        except Exception as e:  # an FST/parse failure must not fail the request: keep the text as it is
+            log.warning("wetext could not normalize %r (%s); kept as is", text[:80], e)
+            return text
+
+    def __call__(self, text: str, lang: str) -> str:
+        """Normalize `text` with the `lang` ("zh" or "en") FSTs."""
+        return "".join(self._normalize_piece(piece, lang) for piece in _pieces(text))
+
+
+class TtsfrdNormalizer:
+    """The ttsfrd engine (pinyinvg mode): normalizes and splits in one call. Calls are serialized."""
+
+    def __init__(self, ttsfrd_dir: str | Path):
+        import ttsfrd
+
+        resource = Path(ttsfrd_dir) / "resource"
+        self._engine = ttsfrd.TtsFrontendEngine()
+        if self._engine.initialize(str(resource)) is not True:
+            raise RuntimeError(f"ttsfrd failed to initialize from {resource}")
+        self._engine.set_lang_type("pinyinvg")
+        self._lock = threading.Lock()
+
+    def __call__(self, text: str) -> list[str]:
+        """The sentences ttsfrd makes of `text`."""
+        with self._lock:
+            result = self._engine.do_voicegen_frd(text)
+        return [s["text"] for s in json.loads(result)["sentences"]]
