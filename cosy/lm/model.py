@@ -1,0 +1,165 @@
+"""The speech-token LM: official CosyVoice2 `Qwen2LM` (inference only), text + voice prompt -> speech tokens.
+
+Prompt layout (as embeddings, positions from 0):
+    [sos, embed_tokens(prompt_text ++ text), task_id, speech_embedding(prompt_speech_tokens)]
+Per mode: zero-shot and saved voice pass prompt text + prompt speech tokens; cross-lingual passes neither;
+instruct passes the instruction (ending in <|endofprompt|>) as prompt text and no speech tokens.
+Each decode step feeds speech_embedding[token]; logits = llm_decoder(final-normed hidden).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from cosy.lm.config import LMConfig, read_lm_config
+from cosy.lm.qwen2 import KVCache, Linear, Qwen2Encoder, RotaryTable
+from cosy.lm.sampling import STOP_TOKENS, SamplingParams, ras_sample
+from cosy.model_dir import LLM, QWEN_DIR, ModelDir, ModelDirError, load_strict
+
+LM_HEAD_KEY = "llm.model.lm_head.weight"  # tied copy of embed_tokens in llm.pt; never used
+SOS, TASK_ID = 0, 1  # rows of llm_embedding
+MIN_TOKEN_TEXT_RATIO, MAX_TOKEN_TEXT_RATIO = 2, 20
+
+
+def _ids(ids: Sequence[int] | Tensor, limit: int, what: str, device: torch.device) -> Tensor:
+    t = torch.as_tensor(ids if isinstance(ids, Tensor) else list(ids), dtype=torch.long).reshape(-1)
+    if t.numel() and (int(t.min()) < 0 or int(t.max()) >= limit):
+        raise ValueError(f"{what} ids must lie in [0, {limit}), got {int(t.min())}..{int(t.max())}")
+    return t.to(device)
+
+
+class SpeechLM(nn.Module):
+    """Qwen2 backbone + CosyVoice2 heads. Attribute names mirror llm.pt's keys.
+
+    The module holds no per-request state: the KV cache, history and RNG of a request live inside one
+    `generate()` call, so several threads may generate at once with one shared, read-only module.
+    """
+
+    def __init__(self, cfg: LMConfig, sampling: SamplingParams | None = None):
+        super().__init__()
+        self.cfg = cfg
+        self.sampling = sampling or SamplingParams()
+        # Random init is thrown away (weights come from llm.pt); don't let it consume the caller's CPU RNG.
+        with torch.random.fork_rng(devices=[]):
+            self.llm_embedding = nn.Embedding(2, cfg.hidden_size)
+            self.llm = Qwen2Encoder(cfg)
+            self.llm_decoder = Linear(cfg.hidden_size, cfg.num_speech_rows)
+            self.speech_embedding = nn.Embedding(cfg.num_speech_rows, cfg.hidden_size)
+
+    @classmethod
+    def from_model_dir(cls, model_dir: str | Path, device: str | torch.device = "cpu",
+                       dtype: torch.dtype = torch.float32) -> SpeechLM:
+        """cosyvoice2.yaml + CosyVoice-BlankEN/config.json + llm.pt (strict; only the unused tied
+        `llm.model.lm_head.weight` is dropped). Errors name the offending file."""
+        md = model_dir if isinstance(model_dir, ModelDir) else ModelDir(model_dir)
+        mc = md.config
+        qwen_config = md.file(QWEN_DIR) / "config.json"
+        if not qwen_config.exists():
+            raise ModelDirError(f"{qwen_config} is missing (the Qwen2 config of the LM backbone)")
+        try:
+            cfg = read_lm_config(qwen_config, mc.llm_input_size, mc.speech_token_size)
+        except ValueError as e:
+            raise ModelDirError(str(e)) from None
+        s = mc.sampling
+        params = SamplingParams(top_p=float(s.top_p), top_k=int(s.top_k), win_size=int(s.win_size),
+                                tau_r=float(s.tau_r))
+        with torch.device("meta"):  # no wasted random init of ~0.5 G parameters
+            lm = cls(cfg, params)
+        # allocate in the target device/dtype and copy (casting) straight from the mmapped file
+        lm = lm.to_empty(device=device).to(dtype=dtype)
+        sd = md.state_dict(LLM)
+        sd.pop(LM_HEAD_KEY, None)
+        load_strict(lm, sd, md.file(LLM))
+        return lm.eval()
+
+    @property
+    def device(self) -> torch.device:
+        return self.llm_decoder.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.llm_decoder.weight.dtype
+
+    @torch.no_grad()  # not inference_mode: callers may modify or store the result
+    def prompt_embeds(self, text_ids: Sequence[int] | Tensor, prompt_text_ids: Sequence[int] | Tensor = (),
+                      prompt_speech_tokens: Sequence[int] | Tensor = ()) -> Tensor:
+        """(1, 2 + len(prompt_text) + len(text) + len(prompt_speech), H) prompt in the model dtype/device."""
+        dev = self.device
+        text = torch.cat([_ids(prompt_text_ids, self.cfg.vocab_size, "prompt text", dev),
+                          _ids(text_ids, self.cfg.vocab_size, "text", dev)])
+        speech = _ids(prompt_speech_tokens, self.cfg.speech_token_size, "prompt speech token", dev)
+        w = self.llm_embedding.weight
+        return torch.cat([w[SOS:SOS + 1], self.llm.model.model.embed_tokens(text), w[TASK_ID:TASK_ID + 1],
+                          self.speech_embedding(speech)]).unsqueeze(0)
+
+    @staticmethod
+    def length_limits(n_text_tokens: int) -> tuple[int, int]:
+        """(min_len, max_len) of the output for a target text of n tokens (prompt text not counted)."""
+        return MIN_TOKEN_TEXT_RATIO * n_text_tokens, MAX_TOKEN_TEXT_RATIO * n_text_tokens
+
+    def _start(self, prompt_embeds: Tensor, n_steps: int) -> tuple[KVCache, RotaryTable]:
+        if prompt_embeds.dim() != 3 or prompt_embeds.size(0) != 1 or prompt_embeds.size(2) != self.cfg.hidden_size:
+            raise ValueError(f"prompt_embeds must be (1, L, {self.cfg.hidden_size}), "
+                             f"got {tuple(prompt_embeds.shape)}")
+        total = prompt_embeds.size(1) + n_steps
+        return (KVCache(self.cfg, total, self.device, self.dtype),
+                RotaryTable(self.cfg, total, self.device, self.dtype))
+
+    def _step(self, x: Tensor, cache: KVCache, rope: RotaryTable) -> tuple[Tensor, Tensor]:
+        """Feed x (1, L, H); (logits (V,) float32, final-normed hidden (H,)) of the last position."""
+        h = self.llm.model.model(x.to(device=self.device, dtype=self.dtype), cache, rope)[0, -1]
+        return self.llm_decoder(h).float(), h
+
+    def _embed_speech(self, token: int) -> Tensor:
+        return self.speech_embedding.weight[token].view(1, 1, -1)
+
+    @torch.inference_mode()
+    def generate(self, prompt_embeds: Tensor, min_len: int, max_len: int, seed: int | None = None,
+                 params: SamplingParams | None = None) -> Iterator[int]:
+        """Yield speech tokens as they are produced (never the stop token).
+
+        Stops on a stop token (6561/6562/6563) or after max_len tokens. Before min_len only eos 6561 is
+        masked, as in the official code, so 6562/6563 can still end the output early. The same seed gives
+        the same tokens; the global RNG is not touched (seed None draws a fresh seed from the OS).
+        """
+        p = params or self.sampling
+        gen = torch.Generator(device=self.device)
+        if seed is None:
+            gen.seed()
+        else:
+            gen.manual_seed(seed)
+        cache, rope = self._start(prompt_embeds, max(max_len, 0))
+        history: list[int] = []
+        x = prompt_embeds
+        for i in range(max_len):
+            logits, _ = self._step(x, cache, rope)
+            token = ras_sample(logits, history, p, gen, mask_eos=i < min_len)
+            if token in STOP_TOKENS:
+                return
+            yield token
+            history.append(token)
+            x = self._embed_speech(token)
+
+    @torch.no_grad()
+    def teacher_forced_logprobs(self, prompt_embeds: Tensor, continuation: Sequence[int]) -> tuple[Tensor, Tensor]:
+        """Log-softmax (N, V) before any eos masking and final-normed hidden (N, H), float32, for
+        N = len(continuation): step 0 after the prompt, step i after feeding continuation[i-1] through
+        the KV cache (the decode path of `generate`)."""
+        tokens = [int(t) for t in continuation]
+        cache, rope = self._start(prompt_embeds, len(tokens))
+        logps, hiddens = [], []
+        x = prompt_embeds
+        for token in tokens:
+            logits, h = self._step(x, cache, rope)
+            logps.append(logits.log_softmax(dim=-1))
+            hiddens.append(h.float())
+            x = self._embed_speech(token)
+        if not tokens:
+            return torch.zeros(0, self.cfg.num_speech_rows), torch.zeros(0, self.cfg.hidden_size)
+        return torch.stack(logps), torch.stack(hiddens)
+
+
+__all__ = ["SpeechLM"]

@@ -1,0 +1,97 @@
+"""Repetition Aware Sampling (RAS, from VALL-E 2) exactly as the official CosyVoice2 LM draws its tokens.
+
+Official steps for one decode step (`Qwen2LM.sampling_ids` -> `ras_sampling`):
+  1. weighted_scores = log_softmax(llm_decoder(h)); before min_len, weighted_scores[6561] = -inf (only eos:
+     6562/6563 can still be drawn and end decoding early).
+  2. Nucleus draw: probs = softmax(weighted_scores), stable descending sort; walk down the list keeping a
+     token while the float32 running sum of the kept probs is < top_p and fewer than top_k are kept; draw
+     one with probability proportional to its prob.
+  3. If the drawn token y occurs >= win_size * tau_r times in the last win_size outputs, set
+     weighted_scores[y] = -inf and draw again from the full softmax.
+So, with p_n the nucleus distribution, R the set of tokens over the repetition threshold, and p_f^(-y) the
+full softmax without y:  P(x) = p_n(x) [x not in R] + sum_{y in R} p_n(y) p_f^(-y)(x).
+
+Randomness comes only from the caller's torch.Generator (the official code uses the global RNG).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+EOS = 6561
+STOP_TOKENS = (6561, 6562, 6563)
+
+
+@dataclass
+class SamplingParams:
+    top_p: float = 0.8
+    top_k: int = 25
+    win_size: int = 10
+    tau_r: float = 0.1
+    greedy: bool = False  # argmax instead of RAS (tests, comparisons with other engines)
+
+
+def _scores(logits: Tensor, mask_eos: bool) -> Tensor:
+    """(V,) float32 log-probs, eos masked if asked (official: log_softmax, then the mask)."""
+    scores = logits.float().log_softmax(dim=-1)
+    if mask_eos:
+        scores[EOS] = float("-inf")
+    return scores
+
+
+def _nucleus(probs: Tensor, p: SamplingParams) -> tuple[Tensor, Tensor]:
+    """Kept probs (float32, not renormalised) and their token ids, in the official order."""
+    values, ids = probs.sort(descending=True, stable=True)
+    head = values[:p.top_k].cpu().numpy()
+    running = np.cumsum(head, dtype=np.float32)  # sequential float32 sums, like the official loop
+    # token i is kept while the sum of the tokens before it is < top_p (the first one always)
+    n = 1 + int(np.count_nonzero(running[:-1] < p.top_p)) if p.top_p > 0 else 0
+    return values[:n], ids[:n]
+
+
+def _repeated(token: int, history: list[int], p: SamplingParams) -> bool:
+    window = history[-p.win_size:] if p.win_size > 0 else []
+    return window.count(token) >= p.win_size * p.tau_r
+
+
+def ras_sample(logits: Tensor, history: list[int], p: SamplingParams, generator: torch.Generator,
+               mask_eos: bool) -> int:
+    """Draw the next token. logits: (V,) raw `llm_decoder` output; history: tokens output so far."""
+    scores = _scores(logits, mask_eos)
+    if p.greedy:
+        return int(scores.argmax())
+    kept, ids = _nucleus(scores.softmax(dim=0), p)
+    token = int(ids[torch.multinomial(kept, 1, replacement=True, generator=generator)])
+    if _repeated(token, history, p):
+        scores[token] = float("-inf")
+        full = scores.softmax(dim=0)
+        if not bool(torch.isfinite(full).all()):  # y held all the mass: nothing else can be drawn
+            return token
+        token = int(torch.multinomial(full, 1, replacement=True, generator=generator))
+    return token
+
+
+def ras_distribution(logits: Tensor, history: list[int], p: SamplingParams, mask_eos: bool) -> Tensor:
+    """The exact distribution of `ras_sample`'s draw, (V,) float64 on the CPU (one-hot when greedy)."""
+    scores = _scores(logits, mask_eos).cpu()
+    out = torch.zeros(scores.numel(), dtype=torch.float64)
+    if p.greedy:
+        out[int(scores.argmax())] = 1.0
+        return out
+    kept, ids = _nucleus(scores.softmax(dim=0), p)
+    p_n = kept.double() / kept.double().sum()
+    for prob, token in zip(p_n.tolist(), ids.tolist()):
+        if not _repeated(token, history, p):
+            out[token] += prob
+            continue
+        s = scores.clone()
+        s[token] = float("-inf")
+        full = s.softmax(dim=0).double()
+        if not bool(torch.isfinite(full).all()):
+            out[token] += prob
+            continue
+        out += prob * full / full.sum()
+    return out
