@@ -38,3 +38,13 @@ def test_full_random_model_loads_strictly_with_official_keys(full_model_dir):
     assert any(k.endswith(".weight_g") for k in raw) and not any("parametrizations" in k for k in raw)
     assert set(fold_weight_norm(raw)) == set(hift.state_dict())
     assert sum(p.numel() for p in hift.parameters()) == pytest.approx(20.8e6, rel=0.01)
+
+
+def test_full_random_llm_has_official_keys_and_loads_strictly(full_model_dir):
+    from cosy.lm.model import SpeechLM
+    raw = torch.load(full_model_dir / "llm.pt", weights_only=True, mmap=True)
+    assert {k: tuple(v.shape) for k, v in raw.items()} == reference_shapes("llm")
+    lm = SpeechLM.from_model_dir(full_model_dir)  # strict: only the unused tied lm_head is left out
+    assert sum(p.numel() for p in lm.parameters()) == pytest.approx(505.8e6, rel=0.001)  # as published
+    ids = lm.prompt_embeds([100, 200, 151646], [], [1, 2, 3])
+    assert ids.shape == (1, 1 + 3 + 1 + 3, 896)

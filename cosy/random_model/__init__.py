@@ -1,8 +1,9 @@
 """Write random-weight model directories in the official CosyVoice2 layout (tiny or full size).
 
 No weights can be downloaded where our tests run, so tests and benchmarks use directories that this
-builder writes: the official `cosyvoice2.yaml` structure and the official state-dict keys and formats
-(hift.pt with legacy weight-norm names, like the published file), with seeded random values.
+builder writes: the official `cosyvoice2.yaml` structure, the official state-dict keys and formats (hift.pt
+with legacy weight-norm names, like the published file), ONNX stand-ins with the official signatures, and
+`CosyVoice-BlankEN/` with the real Qwen BPE files, all with seeded random values.
 """
 from __future__ import annotations
 
@@ -16,7 +17,11 @@ from cosy.flow.model import FlowModel
 from cosy.hift.generator import HiFTGenerator
 from cosy.hift.weights import unfold_weight_norm, weight_normed_keys
 from cosy.model_config import read_model_config
+from cosy.model_dir import CAMPPLUS, LLM, QWEN_DIR, SPEECH_TOKENIZER
+from cosy.random_model.llm import write_llm_pt
+from cosy.random_model.onnx_models import write_campplus_onnx, write_speech_tokenizer_onnx
 from cosy.random_model.sizes import SIZES
+from cosy.random_model.tokenizer_dir import write_tokenizer_dir
 
 __all__ = ["write_random_model", "SIZES"]
 
@@ -42,7 +47,7 @@ def _voiced_f0(hift: HiFTGenerator) -> None:
 
 
 def write_random_model(out_dir: str | Path, size: str = "tiny", seed: int = 0) -> Path:
-    """Write cosyvoice2.yaml, flow.pt and hift.pt for `size` into `out_dir` (created). Returns the path.
+    """Write a complete model directory for `size` into `out_dir` (created). Returns the path.
 
     The same size and seed always give the same files. The caller's RNG state is left untouched.
     """
@@ -51,7 +56,8 @@ def write_random_model(out_dir: str | Path, size: str = "tiny", seed: int = 0) -
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     template = resources.files(__package__).joinpath("cosyvoice2.yaml.template").read_text(encoding="utf-8")
-    yaml_text = template.format(**vars(SIZES[size]))
+    dims = SIZES[size]
+    yaml_text = template.format(**vars(dims))
     _atomic_write(out / "cosyvoice2.yaml", lambda p: p.write_text(yaml_text, encoding="utf-8"))
     cfg = read_model_config(out / "cosyvoice2.yaml")
     with torch.random.fork_rng(devices=[]), torch.no_grad():
@@ -60,4 +66,9 @@ def write_random_model(out_dir: str | Path, size: str = "tiny", seed: int = 0) -
         hift = HiFTGenerator(cfg.hift)
         _voiced_f0(hift)
         _save(unfold_weight_norm(hift.state_dict(), weight_normed_keys(hift), legacy=True), out / "hift.pt")
+    llm_dims = (dims.llm_size, dims.llm_layers, dims.llm_heads, dims.llm_kv_heads, dims.llm_intermediate)
+    write_llm_pt(out / LLM, *llm_dims, seed=seed)
+    write_tokenizer_dir(out / QWEN_DIR, *llm_dims)
+    write_speech_tokenizer_onnx(out / SPEECH_TOKENIZER, seed=seed)
+    write_campplus_onnx(out / CAMPPLUS, seed=seed)
     return out

@@ -1,0 +1,84 @@
+"""Command line synthesis:
+
+    python -m cosy --model_dir DIR --mode zero_shot|cross_lingual|instruct|voice|vc --text T
+        [--prompt_text T --prompt_wav F --instruct_text T --voice_id ID --source_wav F]
+        [--stream] [--speed S] [--seed N] [--save_voice ID] [--data_dir D] --out out.wav
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import soundfile as sf
+
+from cosy.audio.io import AudioError
+from cosy.engine import MODES, Engine, SynthesisError, SynthesisRequest
+from cosy.model_dir import ModelDirError
+from cosy.voices import VoiceError, VoiceStore
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m cosy", description="CosyVoice2 text-to-speech to a wav file.")
+    p.add_argument("--model_dir", required=True, help="a CosyVoice2 model directory (official layout)")
+    p.add_argument("--mode", choices=MODES, required=True)
+    p.add_argument("--text", default="", help="text to speak (not needed for --mode vc)")
+    p.add_argument("--prompt_text", default="", help="transcript of --prompt_wav (zero_shot)")
+    p.add_argument("--prompt_wav", help="voice prompt audio: wav/mp3/flac/ogg, >= 16 kHz, <= 30 s")
+    p.add_argument("--instruct_text", default="", help="instruction, e.g. 用四川话说这句话 (instruct)")
+    p.add_argument("--voice_id", help="a saved voice (mode voice), from --data_dir")
+    p.add_argument("--source_wav", help="speech to convert into the prompt's voice (mode vc)")
+    p.add_argument("--save_voice", metavar="ID", help="also save --prompt_wav/--prompt_text as voice ID")
+    p.add_argument("--data_dir", default="data", help="where saved voices live (DATA_DIR/voices)")
+    p.add_argument("--stream", action="store_true", help="synthesize in streaming chunks")
+    p.add_argument("--speed", type=float, default=1.0, help="0.5 to 2.0")
+    p.add_argument("--seed", type=int, help="same seed + same inputs = same audio")
+    p.add_argument("--ttsfrd_dir", help="CosyVoice-ttsfrd resource dir (text normalization; wetext otherwise)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--out", required=True, help="output wav file (24 kHz, 16-bit)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        engine = Engine.from_model_dir(args.model_dir, device=args.device, ttsfrd_dir=args.ttsfrd_dir)
+        voices = VoiceStore(Path(args.data_dir) / "voices")
+        voice = voices.load(args.voice_id) if args.mode == "voice" and args.voice_id else None
+        req = SynthesisRequest(mode=args.mode, text=args.text, prompt_text=args.prompt_text,
+                               prompt_wav=args.prompt_wav, instruct_text=args.instruct_text,
+                               voice=voice.features if voice else None, source_wav=args.source_wav,
+                               stream=args.stream, speed=args.speed, seed=args.seed)
+        if voice is not None:
+            req.prompt_text = voice.prompt_text
+        if args.save_voice:
+            if not args.prompt_wav:
+                raise SynthesisError("--save_voice needs --prompt_wav and --prompt_text")
+            req.voice = engine.prompt_features(args.prompt_wav)
+            voices.save(args.save_voice, args.prompt_text, req.voice)
+            print(f"saved voice '{args.save_voice}'", file=sys.stderr)
+        start, first, samples = time.perf_counter(), None, 0
+        with sf.SoundFile(args.out, "w", samplerate=engine.sample_rate, channels=1, subtype="PCM_16") as out:
+            for chunk in _chunks(engine, req):
+                first = first or time.perf_counter() - start
+                out.write(chunk.numpy())
+                samples += chunk.numel()
+    except (SynthesisError, AudioError, VoiceError, ModelDirError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    took = time.perf_counter() - start
+    audio_s = samples / engine.sample_rate
+    print(f"wrote {args.out}: {audio_s:.2f} s of audio in {took:.2f} s (first chunk {first or 0:.2f} s, "
+          f"RTF {took / max(audio_s, 1e-9):.2f})", file=sys.stderr)
+    return 0
+
+
+def _chunks(engine: Engine, req: SynthesisRequest):
+    if req.voice is not None and req.mode in ("zero_shot", "voice"):
+        req.mode = "voice"  # features computed once (--save_voice) are used as they are
+    return engine.synthesize(req)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

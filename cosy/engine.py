@@ -1,0 +1,162 @@
+"""The whole pipeline in one process: text (+ voice prompt) -> speech tokens -> mel -> 24 kHz audio.
+
+    engine = Engine.from_model_dir("CosyVoice2-0.5B")
+    for chunk in engine.synthesize(SynthesisRequest(mode="zero_shot", text=..., prompt_text=...,
+                                                    prompt_wav="me.wav", stream=True)):
+        play(chunk)   # (N,) float32 at engine.sample_rate
+
+Long text is normalized and split into sentences; each is synthesized in order with the same voice, and
+audio is yielded as soon as it is ready. The LM is anything with `SpeechLM.generate`'s signature: the
+embedded `SpeechLM` by default, a remote backend client later.
+"""
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Protocol
+
+import torch
+from torch import Tensor
+
+from cosy.audio.io import load_prompt_wav
+from cosy.lm.model import SpeechLM
+from cosy.load import load_token2wav
+from cosy.model_dir import QWEN_DIR, ModelDir
+from cosy.prompt.encoder import PromptFeatures, VoicePromptEncoder
+from cosy.text.frontend import TextFrontend
+from cosy.text.tokenizer import ENDOFPROMPT_ID, TextTokenizer
+from cosy.token2wav import FlowPrompt, Token2Wav
+
+log = logging.getLogger(__name__)
+
+MODES = ("zero_shot", "cross_lingual", "instruct", "voice", "vc")
+MAX_TEXT_CHARS = 20000
+ENDOFPROMPT = "<|endofprompt|>"
+
+
+class SynthesisError(ValueError):
+    """A request that cannot be synthesized; the message says what to change."""
+
+
+class SpeechTokenLM(Protocol):
+    def generate(self, prompt_embeds: Tensor, min_len: int, max_len: int,
+                 seed: int | None = None) -> Iterator[int]: ...
+
+
+@dataclass
+class SynthesisRequest:
+    """One request. `voice` (saved voice features) replaces `prompt_wav` in mode 'voice'."""
+
+    mode: str
+    text: str = ""
+    prompt_text: str = ""
+    prompt_wav: object = None  # path, bytes or (array, rate)
+    instruct_text: str = ""
+    voice: PromptFeatures | None = None
+    source_wav: object = None  # mode 'vc': the speech to convert
+    stream: bool = False
+    speed: float = 1.0
+    seed: int | None = None
+
+
+class Engine:
+    """Text frontend, voice prompt encoder, LM and token2wav, shared by concurrent requests."""
+
+    def __init__(self, text: TextFrontend, prompts: VoicePromptEncoder, lm: SpeechTokenLM, t2w: Token2Wav,
+                 prompt_embeds):
+        self.text, self.prompts, self.lm, self.t2w = text, prompts, lm, t2w
+        self._prompt_embeds = prompt_embeds  # (text ids, prompt text ids, prompt speech tokens) -> (1, L, H)
+
+    @classmethod
+    def from_model_dir(cls, model_dir: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32,
+                       ttsfrd_dir: str | Path | None = None, lm: SpeechTokenLM | None = None) -> "Engine":
+        md = ModelDir(model_dir)
+        local = SpeechLM.from_model_dir(md.path, device=device, dtype=dtype)
+        text = TextFrontend(TextTokenizer.from_dir(md.file(QWEN_DIR)), ttsfrd_dir)
+        return cls(text, VoicePromptEncoder(md.path), lm or local, load_token2wav(md, device, dtype),
+                   local.prompt_embeds)
+
+    @property
+    def sample_rate(self) -> int:
+        return self.t2w.sample_rate
+
+    def prompt_features(self, source: object) -> PromptFeatures:
+        return self.prompts.encode(source)
+
+    def synthesize(self, req: SynthesisRequest) -> Iterator[Tensor]:
+        """Yield (N,) float32 audio chunks in order: one per sentence, or streaming chunks."""
+        if req.mode not in MODES:
+            raise SynthesisError(f"unknown mode '{req.mode}' (choose from {', '.join(MODES)})")
+        if not 0.5 <= req.speed <= 2.0:
+            raise SynthesisError(f"speed {req.speed} is out of range (0.5 to 2.0)")
+        seed = req.seed if req.seed is not None else random.randrange(2**31)
+        features = self._features(req)
+        flow_prompt = FlowPrompt(features.speech_tokens, features.mel, features.embedding)
+        if req.mode == "vc":
+            tokens = self.prompts.speech_tokens(_load16k(req.source_wav))
+            yield from self._token2wav(iter(tokens.flatten().tolist()), flow_prompt, req, seed)
+            return
+        prompt_text_ids, prompt_speech = self._lm_prompt(req, features)
+        for i, (segment, text_ids) in enumerate(self._segments(req.text)):
+            log.debug("segment %d: %s", i, segment)
+            embeds = self._prompt_embeds(text_ids, prompt_text_ids, prompt_speech)
+            min_len, max_len = SpeechLM.length_limits(len(text_ids))
+            tokens = self.lm.generate(embeds, min_len, max_len, seed=seed + i)
+            yield from self._token2wav(tokens, flow_prompt, req, seed + i)
+
+    def _features(self, req: SynthesisRequest) -> PromptFeatures:
+        if req.mode == "voice":
+            if req.voice is None:
+                raise SynthesisError("mode 'voice' needs a saved voice")
+            return req.voice
+        if req.prompt_wav is None:
+            raise SynthesisError(f"mode '{req.mode}' needs a prompt audio (prompt_wav)")
+        return self.prompts.encode(req.prompt_wav)
+
+    def _lm_prompt(self, req: SynthesisRequest, features: PromptFeatures) -> tuple[list[int], list[int]]:
+        """(prompt text ids, prompt speech tokens) the LM continues from, per mode (official rules)."""
+        speech = features.speech_tokens.flatten().tolist()
+        if req.mode in ("zero_shot", "voice"):
+            if not req.prompt_text.strip():
+                raise SynthesisError(f"mode '{req.mode}' needs the prompt's transcript (prompt_text)")
+            return self.text.encode(self.text.normalize(req.prompt_text, split=False)[0]), speech
+        if req.mode == "instruct":
+            instruct = req.instruct_text.strip()
+            if not instruct:
+                raise SynthesisError("mode 'instruct' needs an instruction (instruct_text)")
+            ids = self.text.encode(instruct if instruct.endswith(ENDOFPROMPT) else instruct + ENDOFPROMPT)
+            assert ids[-1] == ENDOFPROMPT_ID
+            return ids, []  # the instruction is not normalized, and no prompt speech
+        return [], []  # cross-lingual: text only
+
+    def _segments(self, text: str) -> list[tuple[str, list[int]]]:
+        if not text or not text.strip():
+            raise SynthesisError("text is empty")
+        if len(text) > MAX_TEXT_CHARS:
+            raise SynthesisError(f"text is {len(text)} characters; the limit is {MAX_TEXT_CHARS}")
+        segments = [(s, ids) for s, ids in self.text.segments(text) if ids]
+        if not segments:
+            raise SynthesisError("text has nothing to speak (only punctuation or symbols)")
+        return segments
+
+    def _token2wav(self, tokens: Iterator[int], prompt: FlowPrompt, req: SynthesisRequest,
+                   seed: int) -> Iterator[Tensor]:
+        if not req.stream:
+            ids = list(tokens)
+            if ids:
+                yield self.t2w(torch.tensor([ids], dtype=torch.int32), prompt, speed=req.speed, seed=seed)
+            return
+        stream = self.t2w.stream(prompt, speed=req.speed, seed=seed)
+        for token in tokens:
+            yield from (c for c in stream.push([token]) if c.numel())
+        last = stream.finish()
+        if last.numel():
+            yield last
+
+
+def _load16k(source: object) -> Tensor:
+    if source is None:
+        raise SynthesisError("mode 'vc' needs the speech to convert (source_wav)")
+    return load_prompt_wav(source, 16000)

@@ -1,0 +1,111 @@
+"""Saved voices: a voice prompt's features computed once and stored, so later requests skip the ONNX models.
+
+Layout under the store's directory: `<voice_id>/features.safetensors` (speech tokens, mel, embedding) and
+`<voice_id>/voice.json` (prompt text, creation time). A voice directory is written under a temporary name
+and renamed into place, so readers (other frontends on the same NAS) never see a partial voice.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from filelock import FileLock
+from safetensors.torch import load_file, save_file
+
+from cosy.prompt.encoder import PromptFeatures
+
+VOICE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+class VoiceError(ValueError):
+    """A bad voice id, an unknown voice, or a voice that exists already."""
+
+
+@dataclass
+class Voice:
+    voice_id: str
+    prompt_text: str
+    features: PromptFeatures
+    created_at: float
+
+
+def check_voice_id(voice_id: str) -> str:
+    """Voice ids are 1-64 of [A-Za-z0-9_.-], not starting with '.', '_' or '-': safe as a file name."""
+    if not isinstance(voice_id, str) or not VOICE_ID.fullmatch(voice_id) or ".." in voice_id:
+        raise VoiceError(f"invalid voice id {voice_id!r}: use 1-64 letters, digits, '_', '-' or '.', "
+                         "starting with a letter or digit")
+    return voice_id
+
+
+class VoiceStore:
+    """Voices in one directory, safe to share between processes and machines (NAS)."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._lock = FileLock(str(self.root / ".lock"))
+
+    def _dir(self, voice_id: str) -> Path:
+        return self.root / check_voice_id(voice_id)
+
+    def save(self, voice_id: str, prompt_text: str, features: PromptFeatures, overwrite: bool = False) -> Voice:
+        """Store a voice atomically. Raises VoiceError if it exists and `overwrite` is False."""
+        final = self._dir(voice_id)
+        voice = Voice(voice_id, prompt_text, features, time.time())
+        tmp = Path(tempfile.mkdtemp(prefix=f".{voice_id}.", dir=self.root))
+        try:
+            save_file({"speech_tokens": features.speech_tokens.contiguous(), "mel": features.mel.contiguous(),
+                       "embedding": features.embedding.contiguous()}, str(tmp / "features.safetensors"))
+            (tmp / "voice.json").write_text(json.dumps(
+                {"voice_id": voice_id, "prompt_text": prompt_text, "created_at": voice.created_at},
+                ensure_ascii=False), encoding="utf-8")
+            with self._lock:
+                if final.exists():
+                    if not overwrite:
+                        raise VoiceError(f"voice '{voice_id}' exists already")
+                    trash = final.with_name(f".{voice_id}.old{os.getpid()}")
+                    os.replace(final, trash)
+                    os.replace(tmp, final)
+                    shutil.rmtree(trash, ignore_errors=True)
+                else:
+                    os.replace(tmp, final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return voice
+
+    def load(self, voice_id: str) -> Voice:
+        d = self._dir(voice_id)
+        try:
+            meta = json.loads((d / "voice.json").read_text(encoding="utf-8"))
+            t = load_file(str(d / "features.safetensors"))
+        except FileNotFoundError:
+            raise VoiceError(f"unknown voice '{voice_id}'") from None
+        return Voice(voice_id, meta["prompt_text"], PromptFeatures(t["speech_tokens"], t["mel"], t["embedding"]),
+                     meta["created_at"])
+
+    def list(self) -> list[dict]:
+        """[{voice_id, prompt_text, created_at}] of every complete voice, newest first."""
+        out = []
+        for d in self.root.iterdir():
+            if d.name.startswith(".") or not (d / "voice.json").is_file():
+                continue
+            try:
+                out.append(json.loads((d / "voice.json").read_text(encoding="utf-8")))
+            except (OSError, ValueError):
+                continue  # removed or replaced while we listed
+        return sorted(out, key=lambda v: v["created_at"], reverse=True)
+
+    def delete(self, voice_id: str) -> None:
+        d = self._dir(voice_id)
+        with self._lock:
+            if not d.exists():
+                raise VoiceError(f"unknown voice '{voice_id}'")
+            trash = d.with_name(f".{voice_id}.del{os.getpid()}")
+            os.replace(d, trash)
+        shutil.rmtree(trash, ignore_errors=True)
