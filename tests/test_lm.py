@@ -311,6 +311,10 @@ def test_min_and_max_len(tiny, prompt):
     # no stop token likely: max_len ends it
     never = _with_bias(tiny, t6561=-40.0, t6562=-40.0, t6563=-40.0)
     assert len(list(never.generate(prompt, 0, 23, seed=0))) == 23
+    # ignore_stop (benchmarks: fixed token counts) masks every stop token at every step
+    fixed = SamplingParams(ignore_stop=True)
+    assert len(list(early.generate(prompt, 0, 31, seed=0, params=fixed))) == 31
+    assert len(list(eager.generate(prompt, 0, 31, seed=0, params=fixed))) == 31
 
 
 def test_greedy_generate_is_argmax_of_teacher_forcing(tiny, prompt):

@@ -136,6 +136,8 @@ class SpeechLM(nn.Module):
         x = prompt_embeds
         for i in range(max_len):
             logits, _ = self._step(x, cache, rope)
+            if p.ignore_stop:
+                logits[list(STOP_TOKENS)] = float("-inf")
             token = ras_sample(logits, history, p, gen, mask_eos=i < min_len)
             if token in STOP_TOKENS:
                 return

@@ -32,6 +32,7 @@ class SamplingParams:
     win_size: int = 10
     tau_r: float = 0.1
     greedy: bool = False  # argmax instead of RAS (tests, comparisons with other engines)
+    ignore_stop: bool = False  # never stop before max_len (benchmarks with fixed token counts)
 
 
 def _scores(logits: Tensor, mask_eos: bool) -> Tensor:

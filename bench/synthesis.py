@@ -1,0 +1,143 @@
+"""Benchmark the in-process pipeline (embedded LM) with fixed token counts; prints the figures the official
+pipeline was measured with (ENVIRONMENT.md), so the two can be compared.
+
+    python bench/synthesis.py [--model_dir DIR] [--tokens 100] [--repeats 3] [--threads 2]
+
+Without --model_dir a full-size random model is built once into .cache/full-random (about 2.6 GB).
+Random weights make random tokens, so the LM is told to produce exactly --tokens tokens (stop tokens
+masked); prompt: assets/zero_shot_prompt.wav (3.5 s).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import resource
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from cosy.engine import Engine, SynthesisRequest  # noqa: E402
+from cosy.random_model import write_random_model  # noqa: E402
+from cosy.token2wav import FlowPrompt  # noqa: E402
+
+PROMPT_WAV = ROOT / "assets" / "zero_shot_prompt.wav"
+PROMPT_TEXT = "希望你以后能够做的比我还好呦。"
+TEXT = "收到好友从远方寄来的生日礼物，那份意外的惊喜与深深的祝福让我心中充满了甜蜜的快乐。"
+MODES = {
+    "zero_shot": dict(prompt_text=PROMPT_TEXT, prompt_wav=PROMPT_WAV),
+    "cross_lingual": dict(prompt_wav=PROMPT_WAV),
+    "instruct": dict(instruct_text="用开心的语气说这句话", prompt_wav=PROMPT_WAV),
+    "voice": dict(prompt_text=PROMPT_TEXT),  # features computed once, as for a saved voice
+}
+
+
+class FixedLengthLM:
+    """The engine's LM, made to produce exactly `n` tokens whatever the random weights prefer."""
+
+    def __init__(self, lm, n: int):
+        self.lm, self.n = lm, n
+        self.params = dataclasses.replace(lm.sampling, ignore_stop=True)
+
+    def generate(self, prompt_embeds, min_len, max_len, seed=None):
+        return self.lm.generate(prompt_embeds, self.n, self.n, seed=seed, params=self.params)
+
+
+def request(engine: Engine, mode: str, stream: bool, voice) -> SynthesisRequest:
+    kw = dict(MODES[mode])
+    if mode == "voice":
+        kw["voice"] = voice
+    return SynthesisRequest(mode=mode, text=TEXT, stream=stream, seed=0, **kw)
+
+
+def run_once(engine: Engine, req: SynthesisRequest) -> tuple[float, float, float]:
+    """(first chunk s, total s, audio s) of one request through the engine."""
+    start, first, samples = time.perf_counter(), None, 0
+    for chunk in engine.synthesize(req):
+        first = first or time.perf_counter() - start
+        samples += chunk.numel()
+    return first, time.perf_counter() - start, samples / engine.sample_rate
+
+
+def stages(engine: Engine, n: int) -> dict[str, float]:
+    """Non-streaming zero-shot split by stage: prompt features, LM, flow, HiFT (seconds)."""
+    t0 = time.perf_counter()
+    feats = engine.prompt_features(PROMPT_WAV)
+    text_ids = engine.text.segments(TEXT)[0][1]
+    prompt_ids = engine.text.encode(engine.text.normalize(PROMPT_TEXT, split=False)[0])
+    embeds = engine._prompt_embeds(text_ids, prompt_ids, feats.speech_tokens.flatten().tolist())
+    t1 = time.perf_counter()
+    tokens = list(engine.lm.generate(embeds, n, n, seed=0))
+    t2 = time.perf_counter()
+    mel = engine.t2w.mel(torch.tensor([tokens], dtype=torch.int32),
+                         FlowPrompt(feats.speech_tokens, feats.mel, feats.embedding))
+    t3 = time.perf_counter()
+    engine.t2w.vocode(mel, seed=0)
+    t4 = time.perf_counter()
+    return {"prompt": t1 - t0, "lm": t2 - t1, "flow": t3 - t2, "hift": t4 - t3}
+
+
+def concurrent(engine: Engine, n_requests: int, voice) -> float:
+    """Audio seconds produced per wall second with n concurrent non-streaming zero-shot requests."""
+    audio = [0.0] * n_requests
+
+    def work(i: int) -> None:
+        audio[i] = run_once(engine, request(engine, "zero_shot", False, voice))[2]
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(n_requests)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(audio) / (time.perf_counter() - start)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model_dir", type=Path)
+    ap.add_argument("--tokens", type=int, default=100)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--concurrency", default="2,4")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    model_dir = args.model_dir
+    if model_dir is None:
+        model_dir = ROOT / ".cache" / "full-random"
+        if not (model_dir / "llm.pt").exists():
+            print(f"building the full-size random model in {model_dir} ...", flush=True)
+            write_random_model(model_dir, "full", seed=0)
+    t = time.perf_counter()
+    engine = Engine.from_model_dir(model_dir)
+    engine.lm = FixedLengthLM(engine.lm, args.tokens)
+    print(f"model {model_dir} loaded in {time.perf_counter() - t:.1f} s; {args.tokens} tokens "
+          f"= {args.tokens / 25:.1f} s of audio; threads {args.threads}; medians of {args.repeats}")
+    voice = engine.prompt_features(PROMPT_WAV)
+    run_once(engine, request(engine, "zero_shot", False, voice))  # warm-up
+
+    st = [stages(engine, args.tokens) for _ in range(args.repeats)]
+    med = {k: statistics.median(s[k] for s in st) for k in st[0]}
+    print(f"zero_shot stages: prompt {med['prompt']:.2f} s, LM {med['lm']:.2f} s "
+          f"({args.tokens / med['lm']:.1f} tokens/s), flow {med['flow']:.2f} s, HiFT {med['hift']:.2f} s")
+    print(f"{'mode':<14} {'RTF':>6} {'stream 1st chunk':>17} {'stream RTF':>11}")
+    for mode in MODES:
+        full = [run_once(engine, request(engine, mode, False, voice)) for _ in range(args.repeats)]
+        live = [run_once(engine, request(engine, mode, True, voice)) for _ in range(args.repeats)]
+        rtf = statistics.median(total / audio for _, total, audio in full)
+        first = statistics.median(f for f, _, _ in live)
+        srtf = statistics.median(total / audio for _, total, audio in live)
+        print(f"{mode:<14} {rtf:>6.2f} {first:>15.2f} s {srtf:>11.2f}", flush=True)
+    for n in (int(c) for c in args.concurrency.split(",") if c):
+        print(f"{n} concurrent zero_shot: {concurrent(engine, n, voice):.3f} audio s per wall s", flush=True)
+    print(f"peak memory (RSS): {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GB")
+
+
+if __name__ == "__main__":
+    main()
