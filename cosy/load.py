@@ -20,8 +20,10 @@ def load_flow(model_dir: str | Path | ModelDir, device: str | torch.device = "cp
               dtype: torch.dtype = torch.float32) -> FlowModel:
     """flow.pt -> FlowModel in eval mode (speech tokens + prompt -> mel)."""
     md = _as_dir(model_dir)
-    flow = FlowModel(md.config.flow)
-    load_strict(flow, md.state_dict(FLOW), md.file(FLOW))
+    with torch.device("meta"):  # no random init: every parameter comes from flow.pt
+        flow = FlowModel(md.config.flow)
+    # the file's (memory-mapped) tensors become the parameters; .to() copies only when it must
+    load_strict(flow, md.state_dict(FLOW), md.file(FLOW), assign=True)
     return flow.to(device=device, dtype=dtype).eval()
 
 

@@ -68,10 +68,15 @@ class SpeechLM(nn.Module):
                                 tau_r=float(s.tau_r))
         with torch.device("meta"):  # no wasted random init of ~0.5 G parameters
             lm = cls(cfg, params)
-        # allocate in the target device/dtype and copy (casting) straight from the mmapped file
-        lm = lm.to_empty(device=device).to(dtype=dtype)
         sd = md.state_dict(LLM)
         sd.pop(LM_HEAD_KEY, None)
+        if torch.device(device).type == "cpu" and all(v.dtype == dtype for v in sd.values()):
+            # use the memory-mapped file tensors as they are: the text embedding table (0.5 GB at full
+            # size, a few rows read per request) then costs no memory
+            load_strict(lm, sd, md.file(LLM), assign=True)
+            return lm.eval()
+        # allocate in the target device/dtype and copy (casting) straight from the mmapped file
+        lm = lm.to_empty(device=device).to(dtype=dtype)
         load_strict(lm, sd, md.file(LLM))
         return lm.eval()
 
