@@ -15,20 +15,13 @@ import torch
 from torch import Tensor, nn
 
 from cosy.lm.config import LMConfig, read_lm_config
+from cosy.lm.prompt import build_prompt_embeds
 from cosy.lm.qwen2 import KVCache, Linear, Qwen2Encoder, RotaryTable
 from cosy.lm.sampling import STOP_TOKENS, SamplingParams, ras_sample
 from cosy.model_dir import LLM, QWEN_DIR, ModelDir, ModelDirError, load_strict
 
 LM_HEAD_KEY = "llm.model.lm_head.weight"  # tied copy of embed_tokens in llm.pt; never used
-SOS, TASK_ID = 0, 1  # rows of llm_embedding
 MIN_TOKEN_TEXT_RATIO, MAX_TOKEN_TEXT_RATIO = 2, 20
-
-
-def _ids(ids: Sequence[int] | Tensor, limit: int, what: str, device: torch.device) -> Tensor:
-    t = torch.as_tensor(ids if isinstance(ids, Tensor) else list(ids), dtype=torch.long).reshape(-1)
-    if t.numel() and (int(t.min()) < 0 or int(t.max()) >= limit):
-        raise ValueError(f"{what} ids must lie in [0, {limit}), got {int(t.min())}..{int(t.max())}")
-    return t.to(device)
 
 
 class SpeechLM(nn.Module):
@@ -88,17 +81,12 @@ class SpeechLM(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.llm_decoder.weight.dtype
 
-    @torch.no_grad()  # not inference_mode: callers may modify or store the result
     def prompt_embeds(self, text_ids: Sequence[int] | Tensor, prompt_text_ids: Sequence[int] | Tensor = (),
                       prompt_speech_tokens: Sequence[int] | Tensor = ()) -> Tensor:
         """(1, 2 + len(prompt_text) + len(text) + len(prompt_speech), H) prompt in the model dtype/device."""
-        dev = self.device
-        text = torch.cat([_ids(prompt_text_ids, self.cfg.vocab_size, "prompt text", dev),
-                          _ids(text_ids, self.cfg.vocab_size, "text", dev)])
-        speech = _ids(prompt_speech_tokens, self.cfg.speech_token_size, "prompt speech token", dev)
-        w = self.llm_embedding.weight
-        return torch.cat([w[SOS:SOS + 1], self.llm.model.model.embed_tokens(text), w[TASK_ID:TASK_ID + 1],
-                          self.speech_embedding(speech)]).unsqueeze(0)
+        return build_prompt_embeds(self.llm_embedding.weight, self.llm.model.model.embed_tokens.weight,
+                                   self.speech_embedding.weight, text_ids, prompt_text_ids,
+                                   prompt_speech_tokens, self.cfg.speech_token_size)
 
     @staticmethod
     def length_limits(n_text_tokens: int) -> tuple[int, int]:

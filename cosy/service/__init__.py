@@ -1,0 +1,1 @@
+"""The frontend's synthesis service: worker processes and the request queue."""
