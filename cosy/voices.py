@@ -1,8 +1,9 @@
 """Saved voices: a voice prompt's features computed once and stored, so later requests skip the ONNX models.
 
 Layout under the store's directory: `<voice_id>/features.safetensors` (speech tokens, mel, embedding) and
-`<voice_id>/voice.json` (prompt text, creation time). A voice directory is written under a temporary name
-and renamed into place, so readers (other frontends on the same NAS) never see a partial voice.
+`<voice_id>/voice.json` (prompt text, creation time, for listing; the features file carries them too, so
+one file read gives a consistent voice). A voice directory is written under a temporary name, synced and
+renamed into place, so readers (other frontends on the same NAS) never see a partial voice.
 """
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from filelock import FileLock
-from safetensors.torch import load_file, save_file
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 
 from cosy.prompt.encoder import PromptFeatures
 
@@ -60,11 +62,16 @@ class VoiceStore:
         voice = Voice(voice_id, prompt_text, features, time.time())
         tmp = Path(tempfile.mkdtemp(prefix=f".{voice_id}.", dir=self.root))
         try:
+            meta = {"voice_id": voice_id, "prompt_text": prompt_text, "created_at": voice.created_at}
             save_file({"speech_tokens": features.speech_tokens.contiguous(), "mel": features.mel.contiguous(),
-                       "embedding": features.embedding.contiguous()}, str(tmp / "features.safetensors"))
-            (tmp / "voice.json").write_text(json.dumps(
-                {"voice_id": voice_id, "prompt_text": prompt_text, "created_at": voice.created_at},
-                ensure_ascii=False), encoding="utf-8")
+                       "embedding": features.embedding.contiguous()}, str(tmp / "features.safetensors"),
+                      metadata={k: str(v) for k, v in meta.items()})
+            (tmp / "voice.json").write_text(json.dumps(meta, ensure_ascii=False), encoding="utf-8")
+            for f in tmp.iterdir():  # on disk before the rename publishes them; readable by other users
+                with open(f, "rb+") as fh:
+                    os.fsync(fh.fileno())
+                f.chmod(0o644)
+            tmp.chmod(0o755)
             with self._lock:
                 if final.exists():
                     if not overwrite:
@@ -82,12 +89,26 @@ class VoiceStore:
     def load(self, voice_id: str) -> Voice:
         d = self._dir(voice_id)
         try:
-            meta = json.loads((d / "voice.json").read_text(encoding="utf-8"))
-            t = load_file(str(d / "features.safetensors"))
+            return self._read(voice_id, d)
         except FileNotFoundError:
-            raise VoiceError(f"unknown voice '{voice_id}'") from None
-        return Voice(voice_id, meta["prompt_text"], PromptFeatures(t["speech_tokens"], t["mel"], t["embedding"]),
-                     meta["created_at"])
+            with self._lock:  # maybe an overwrite was swapping directories just now
+                try:
+                    return self._read(voice_id, d)
+                except FileNotFoundError:
+                    raise VoiceError(f"unknown voice '{voice_id}'") from None
+
+    @staticmethod
+    def _read(voice_id: str, d: Path) -> Voice:
+        try:
+            with safe_open(str(d / "features.safetensors"), framework="pt") as f:
+                meta = f.metadata() or {}
+                t = {k: f.get_tensor(k) for k in ("speech_tokens", "mel", "embedding")}
+            return Voice(voice_id, meta["prompt_text"], PromptFeatures(t["speech_tokens"], t["mel"], t["embedding"]),
+                         float(meta["created_at"]))
+        except (SafetensorError, KeyError, ValueError, OSError) as e:
+            if isinstance(e, FileNotFoundError):
+                raise
+            raise VoiceError(f"saved voice '{voice_id}' is damaged ({type(e).__name__}); save it again") from None
 
     def list(self) -> list[dict]:
         """[{voice_id, prompt_text, created_at}] of every complete voice, newest first."""
