@@ -42,11 +42,11 @@ class FixedLengthLM:
     """The engine's LM, made to produce exactly `n` tokens whatever the random weights prefer."""
 
     def __init__(self, lm, n: int):
-        self.lm, self.n = lm, n
-        self.params = dataclasses.replace(lm.sampling, ignore_stop=True)
+        self.lm, self.n, self.sampling = lm, n, lm.sampling
 
-    def generate(self, prompt_embeds, min_len, max_len, seed=None):
-        return self.lm.generate(prompt_embeds, self.n, self.n, seed=seed, params=self.params)
+    def generate(self, prompt_embeds, min_len, max_len, seed=None, params=None):
+        params = dataclasses.replace(params or self.sampling, ignore_stop=True)
+        return self.lm.generate(prompt_embeds, self.n, self.n, seed=seed, params=params)
 
 
 def request(engine: Engine, mode: str, stream: bool, voice) -> SynthesisRequest:

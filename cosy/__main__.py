@@ -2,11 +2,13 @@
 
     python -m cosy --model_dir DIR --mode zero_shot|cross_lingual|instruct|voice|vc --text T
         [--prompt_text T --prompt_wav F --instruct_text T --voice_id ID --source_wav F]
-        [--stream] [--speed S] [--seed N] [--save_voice ID] [--data_dir D] --out out.wav
+        [--stream] [--speed S] [--seed N] [--save_voice ID] [--data_dir D]
+        [--llm_base_url URL[,URL...] --llm_api_key KEY] --out out.wav
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -15,6 +17,7 @@ import soundfile as sf
 
 from cosy.audio.io import AudioError
 from cosy.engine import MODES, Engine, SynthesisError, SynthesisRequest
+from cosy.lm.remote import BackendError
 from cosy.model_dir import ModelDirError
 from cosy.voices import VoiceError, VoiceStore
 
@@ -34,7 +37,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--stream", action="store_true", help="synthesize in streaming chunks")
     p.add_argument("--speed", type=float, default=1.0, help="0.5 to 2.0")
     p.add_argument("--seed", type=int, help="same seed + same inputs = same audio")
+    p.add_argument("--greedy", action="store_true", help="argmax decoding instead of RAS sampling "
+                   "(to compare the embedded LM with a backend)")
     p.add_argument("--ttsfrd_dir", help="CosyVoice-ttsfrd resource dir (text normalization; wetext otherwise)")
+    p.add_argument("--llm_base_url", help="LM backend(s), comma-separated (http://HOST:8000/v1); "
+                   "default: run the LM in this process")
+    p.add_argument("--llm_api_key", default=os.environ.get("COSY_LLM_API_KEY"),
+                   help="the backend's API key (default: $COSY_LLM_API_KEY)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", required=True, help="output wav file (24 kHz, 16-bit)")
     return p.parse_args(argv)
@@ -43,13 +52,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        engine = Engine.from_model_dir(args.model_dir, device=args.device, ttsfrd_dir=args.ttsfrd_dir)
+        engine = Engine.from_model_dir(args.model_dir, device=args.device, ttsfrd_dir=args.ttsfrd_dir,
+                                       llm_base_url=args.llm_base_url, llm_api_key=args.llm_api_key)
         voices = VoiceStore(Path(args.data_dir) / "voices")
         voice = voices.load(args.voice_id) if args.mode == "voice" and args.voice_id else None
         req = SynthesisRequest(mode=args.mode, text=args.text, prompt_text=args.prompt_text,
                                prompt_wav=args.prompt_wav, instruct_text=args.instruct_text,
                                voice=voice.features if voice else None, source_wav=args.source_wav,
-                               stream=args.stream, speed=args.speed, seed=args.seed)
+                               stream=args.stream, speed=args.speed, seed=args.seed,
+                               greedy=args.greedy)
         if voice is not None:
             req.prompt_text = voice.prompt_text
         if args.save_voice:
@@ -64,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
                 first = first or time.perf_counter() - start
                 out.write(chunk.numpy())
                 samples += chunk.numel()
-    except (SynthesisError, AudioError, VoiceError, ModelDirError) as e:
+    except (SynthesisError, AudioError, VoiceError, ModelDirError, BackendError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     took = time.perf_counter() - start

@@ -7,10 +7,11 @@
 
 Long text is normalized and split into sentences; each is synthesized in order with the same voice, and
 audio is yielded as soon as it is ready. The LM is anything with `SpeechLM.generate`'s signature: the
-embedded `SpeechLM` by default, a remote backend client later.
+embedded `SpeechLM` by default, or a pool of remote vLLM backends (`cosy.lm.pool`).
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 from dataclasses import dataclass
@@ -21,7 +22,11 @@ import torch
 from torch import Tensor
 
 from cosy.audio.io import load_prompt_wav
+from cosy.lm.export import llm_fingerprint, served_model_name
 from cosy.lm.model import SpeechLM
+from cosy.lm.pool import connect
+from cosy.lm.prompt import PromptEmbedder
+from cosy.lm.sampling import SamplingParams
 from cosy.load import load_token2wav
 from cosy.model_dir import QWEN_DIR, ModelDir
 from cosy.prompt.encoder import PromptFeatures, VoicePromptEncoder
@@ -41,8 +46,10 @@ class SynthesisError(ValueError):
 
 
 class SpeechTokenLM(Protocol):
-    def generate(self, prompt_embeds: Tensor, min_len: int, max_len: int,
-                 seed: int | None = None) -> Iterator[int]: ...
+    sampling: SamplingParams
+
+    def generate(self, prompt_embeds: Tensor, min_len: int, max_len: int, seed: int | None = None,
+                 params: SamplingParams | None = None) -> Iterator[int]: ...
 
 
 @dataclass
@@ -59,6 +66,7 @@ class SynthesisRequest:
     stream: bool = False
     speed: float = 1.0
     seed: int | None = None
+    greedy: bool = False  # argmax decoding instead of RAS (comparisons between LM engines)
 
 
 class Engine:
@@ -71,12 +79,22 @@ class Engine:
 
     @classmethod
     def from_model_dir(cls, model_dir: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32,
-                       ttsfrd_dir: str | Path | None = None, lm: SpeechTokenLM | None = None) -> "Engine":
+                       ttsfrd_dir: str | Path | None = None, llm_base_url: str | None = None,
+                       llm_api_key: str | None = None) -> "Engine":
+        """Everything from one model directory. With `llm_base_url` (comma-separated backends) the LM runs
+        remotely and only its embedding tables are loaded here; the backends are checked now (reachable,
+        key accepted, serving this llm.pt)."""
         md = ModelDir(model_dir)
-        local = SpeechLM.from_model_dir(md.path, device=device, dtype=dtype)
         text = TextFrontend(TextTokenizer.from_dir(md.file(QWEN_DIR)), ttsfrd_dir)
-        return cls(text, VoicePromptEncoder(md.path), lm or local, load_token2wav(md, device, dtype),
-                   local.prompt_embeds)
+        if llm_base_url:
+            sampling = SamplingParams(**vars(md.config.sampling))
+            lm: SpeechTokenLM = connect(llm_base_url, llm_api_key, served_model_name(llm_fingerprint(md.path)),
+                                        sampling)
+            prompt_embeds = PromptEmbedder.from_model_dir(md)
+        else:
+            lm = SpeechLM.from_model_dir(md, device=device, dtype=dtype)
+            prompt_embeds = lm.prompt_embeds
+        return cls(text, VoicePromptEncoder(md.path), lm, load_token2wav(md, device, dtype), prompt_embeds)
 
     @property
     def sample_rate(self) -> int:
@@ -103,7 +121,8 @@ class Engine:
             log.debug("segment %d: %s", i, segment)
             embeds = self._prompt_embeds(text_ids, prompt_text_ids, prompt_speech)
             min_len, max_len = SpeechLM.length_limits(len(text_ids))
-            tokens = self.lm.generate(embeds, min_len, max_len, seed=seed + i)
+            params = dataclasses.replace(self.lm.sampling, greedy=True) if req.greedy else None
+            tokens = self.lm.generate(embeds, min_len, max_len, seed=seed + i, params=params)
             yield from self._token2wav(tokens, flow_prompt, req, seed + i)
 
     def _features(self, req: SynthesisRequest) -> PromptFeatures:
@@ -143,17 +162,22 @@ class Engine:
 
     def _token2wav(self, tokens: Iterator[int], prompt: FlowPrompt, req: SynthesisRequest,
                    seed: int) -> Iterator[Tensor]:
-        if not req.stream:
-            ids = list(tokens)
-            if ids:
-                yield self.t2w(torch.tensor([ids], dtype=torch.int32), prompt, speed=req.speed, seed=seed)
-            return
-        stream = self.t2w.stream(prompt, speed=req.speed, seed=seed)
-        for token in tokens:
-            yield from (c for c in stream.push([token]) if c.numel())
-        last = stream.finish()
-        if last.numel():
-            yield last
+        try:
+            if not req.stream:
+                ids = list(tokens)
+                if ids:
+                    yield self.t2w(torch.tensor([ids], dtype=torch.int32), prompt, speed=req.speed, seed=seed)
+                return
+            stream = self.t2w.stream(prompt, speed=req.speed, seed=seed)
+            for token in tokens:
+                yield from (c for c in stream.push([token]) if c.numel())
+            last = stream.finish()
+            if last.numel():
+                yield last
+        finally:  # the caller went away: stop the LM now (a remote backend aborts the request)
+            close = getattr(tokens, "close", None)
+            if close:
+                close()
 
 
 def _load16k(source: object) -> Tensor:

@@ -38,3 +38,17 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 def full_model_dir(tmp_path_factory) -> Path:
     from cosy.random_model import write_random_model
     return write_random_model(tmp_path_factory.mktemp("full"), "full", seed=0)
+
+
+@pytest.fixture(scope="session")
+def backend(tiny_model_dir, tmp_path_factory):
+    """One real vLLM backend on the tiny model for the whole session (~40 s to start on the CPU):
+    `.url` (".../v1"), `.api_key`, `.port`, `.model_name`, `.stop()`, `.start()` (same port)."""
+    from servers import Backend
+    tmp = tmp_path_factory.mktemp("backend")
+    b = Backend(tiny_model_dir, tmp / "cache", tmp / "backend.log")
+    try:
+        b.start()
+        yield b
+    finally:
+        b.stop()

@@ -25,12 +25,12 @@ class RecordingLM:
     """The real SpeechLM, remembering the tokens of each generate() call so lengths can be checked."""
 
     def __init__(self, lm: SpeechLM):
-        self.lm, self.calls = lm, []
+        self.lm, self.calls, self.sampling = lm, [], lm.sampling
 
-    def generate(self, prompt_embeds, min_len, max_len, seed=None):
+    def generate(self, prompt_embeds, min_len, max_len, seed=None, params=None):
         tokens = []
         self.calls.append(tokens)
-        for t in self.lm.generate(prompt_embeds, min_len, max_len, seed=seed):
+        for t in self.lm.generate(prompt_embeds, min_len, max_len, seed=seed, params=params):
             tokens.append(t)
             yield t
 

@@ -1,0 +1,123 @@
+"""LM throughput: tokens/s and time to first token at 1, 8 and 16 concurrent requests, embedded LM vs a
+vLLM backend (`launch/backend.py`), fixed token counts.
+
+    python bench/lm_throughput.py [--model_dir DIR] [--tokens 100] [--concurrency 1,8,16]
+                                  [--backend_url URL --api_key KEY | --start_backend]
+
+Without --model_dir the full-size random model of bench/synthesis.py is used (built if missing).
+--start_backend starts `launch/backend.py` on that model for the run (port 8123) and stops it after.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from cosy.lm.export import llm_fingerprint, served_model_name  # noqa: E402
+from cosy.lm.model import SpeechLM  # noqa: E402
+from cosy.lm.prompt import PromptEmbedder  # noqa: E402
+from cosy.lm.remote import RemoteLM  # noqa: E402
+from cosy.random_model import write_random_model  # noqa: E402
+
+
+def prompt(embedder, n_text: int = 30, n_prompt_text: int = 12, n_speech: int = 87):
+    g = torch.Generator().manual_seed(0)
+    return embedder(torch.randint(0, 151000, (n_text,), generator=g),
+                    torch.randint(0, 151000, (n_prompt_text,), generator=g),
+                    torch.randint(0, 6561, (n_speech,), generator=g))
+
+
+def measure(lm, embeds, n_tokens: int, concurrency: int) -> tuple[float, float, float]:
+    """(total tokens/s, median TTFT s, p95 TTFT s) of `concurrency` simultaneous requests."""
+    params = dataclasses.replace(lm.sampling, ignore_stop=True)
+    ttft, counts = [0.0] * concurrency, [0] * concurrency
+    start = time.perf_counter()
+
+    def work(i: int) -> None:
+        t0 = time.perf_counter()
+        for _ in lm.generate(embeds, n_tokens, n_tokens, seed=i, params=params):
+            if counts[i] == 0:
+                ttft[i] = time.perf_counter() - t0
+            counts[i] += 1
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - start
+    assert all(c == n_tokens for c in counts), counts
+    q = sorted(ttft)
+    return sum(counts) / wall, statistics.median(q), q[min(len(q) - 1, int(0.95 * len(q)))]
+
+
+def start_backend(model_dir: Path, port: int, key: str) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen([sys.executable, str(ROOT / "launch" / "backend.py"), "--model_dir", str(model_dir),
+                             "--host", "127.0.0.1", "--port", str(port), "--api_key", key],
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    for line in proc.stdout:
+        print("  backend:", line.rstrip(), flush=True)
+        if line.startswith("cosy backend ready:"):
+            threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
+            return proc, line.split(": ", 1)[1].strip()
+    raise SystemExit(f"backend exited with {proc.wait()}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model_dir", type=Path)
+    ap.add_argument("--tokens", type=int, default=100)
+    ap.add_argument("--concurrency", default="1,8,16")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--backend_url")
+    ap.add_argument("--api_key", default=os.environ.get("COSY_LLM_API_KEY", "bench-key"))
+    ap.add_argument("--start_backend", action="store_true")
+    ap.add_argument("--skip_embedded", action="store_true")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    model_dir = args.model_dir or ROOT / ".cache" / "full-random"
+    if not (model_dir / "llm.pt").exists():
+        write_random_model(model_dir, "full", seed=0)
+    levels = [int(c) for c in args.concurrency.split(",")]
+    print(f"model {model_dir}; {args.tokens} tokens per request; prompt 131 positions")
+    rows = []
+    if not args.skip_embedded:
+        lm = SpeechLM.from_model_dir(model_dir)
+        embeds = prompt(lm.prompt_embeds)
+        measure(lm, embeds, 5, 1)  # warm-up
+        rows += [("embedded", n, *measure(lm, embeds, args.tokens, n)) for n in levels]
+        del lm
+    proc = None
+    url = args.backend_url
+    if args.start_backend:
+        proc, url = start_backend(model_dir, 8123, args.api_key)
+    try:
+        if url:
+            remote = RemoteLM(url, args.api_key, served_model_name(llm_fingerprint(model_dir)))
+            remote.check()
+            embeds = prompt(PromptEmbedder.from_model_dir(model_dir))
+            measure(remote, embeds, 5, 1)  # warm-up
+            rows += [("backend", n, *measure(remote, embeds, args.tokens, n)) for n in levels]
+    finally:
+        if proc is not None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=60)
+    print(f"{'LM':<10} {'concurrent':>10} {'tokens/s':>10} {'TTFT p50':>9} {'TTFT p95':>9}")
+    for name, n, tps, p50, p95 in rows:
+        print(f"{name:<10} {n:>10} {tps:>10.1f} {p50:>8.2f}s {p95:>8.2f}s")
+
+
+if __name__ == "__main__":
+    main()

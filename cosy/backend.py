@@ -1,0 +1,242 @@
+"""The backend: the speech-token LM of a model directory served by vLLM's OpenAI-compatible server.
+
+    python launch/backend.py --model_dir DIR --api_key KEY [--port 8000] [-- extra vLLM flags]
+
+Exports llm.pt (cached, `cosy.lm.export`), starts `python -m cosy.vllm_plugin.serve` (vLLM's server) as a
+child in its own process group, forwards SIGINT/SIGTERM to it, waits for /health, sends one warm-up
+completion, then prints exactly one line `cosy backend ready: http://HOST:PORT/v1` to stdout. vLLM's log
+goes to stderr. Exits with the child's status; if the child dies before it is ready, its last log lines are
+printed with the reason and the exit status is non-zero.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import collections
+import ctypes
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import torch
+
+from cosy.lm.export import WEIGHTS, export_for_vllm, llm_fingerprint, served_model_name
+from cosy.model_dir import ModelDirError
+from cosy.vllm_plugin import LOGITS_PROCESSOR
+
+API_KEY_ENV = "COSY_LLM_API_KEY"
+PLUGIN = "cosy.vllm_plugin:register"
+LOG_TAIL = 40  # child log lines kept for the error message
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """Our flags, and everything after `--` (passed to vLLM unchanged)."""
+    extra: list[str] = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, extra = argv[:i], argv[i + 1:]
+    p = argparse.ArgumentParser(prog="python launch/backend.py", description=__doc__.split("\n\n")[0],
+                                epilog="Arguments after `--` are passed to vLLM's server unchanged.")
+    p.add_argument("--model_dir", required=True, help="CosyVoice2 model directory (local path)")
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api_key", default=os.environ.get(API_KEY_ENV),
+                   help=f"key clients must send (default: ${API_KEY_ENV}); required unless --no_api_key")
+    p.add_argument("--no_api_key", action="store_true", help="serve without authentication")
+    p.add_argument("--dtype", default=None, help="float32 on CPU, bfloat16 on GPU by default")
+    p.add_argument("--gpu_memory_utilization", type=float, default=None)
+    p.add_argument("--max_num_seqs", type=int, default=None, help="16 on CPU, 64 on GPU by default")
+    p.add_argument("--max_model_len", type=int, default=None, help="2048 on CPU, 4096 on GPU by default")
+    p.add_argument("--cache_dir", default=None, help="writable export cache (default $COSY_CACHE or ~/.cache/cosy)")
+    p.add_argument("--start_timeout", type=float, default=1800.0, help="seconds to wait for the server")
+    args = p.parse_args(argv)
+    if args.no_api_key:
+        args.api_key = None
+    elif not args.api_key:
+        p.error(f"--api_key (or ${API_KEY_ENV}) is required; pass --no_api_key to serve without one")
+    return args, extra
+
+
+def vllm_command(args: argparse.Namespace, export_dir: Path, name: str, gpu: bool,
+                 extra: list[str]) -> tuple[list[str], dict[str, str]]:
+    """The child's argv and environment. The key travels in the environment, never on a command line."""
+    cmd = [sys.executable, "-m", "cosy.vllm_plugin.serve", "--model", str(export_dir),
+           "--served-model-name", name, "--host", args.host, "--port", str(args.port),
+           "--dtype", args.dtype or ("bfloat16" if gpu else "float32"),
+           "--max-model-len", str(args.max_model_len or (4096 if gpu else 2048)),
+           "--max-num-seqs", str(args.max_num_seqs or (64 if gpu else 16)),
+           # text and voice prompt arrive as embeddings; outputs are ids: no tokenizer, no generation config
+           "--skip-tokenizer-init", "--enable-prompt-embeds", "--generation-config", "vllm",
+           # named here, not as an entry point: only then does vLLM keep output ids exact for it
+           "--logits-processors", LOGITS_PROCESSOR]
+    if args.gpu_memory_utilization is not None:
+        cmd += ["--gpu-memory-utilization", str(args.gpu_memory_utilization)]
+    if not gpu:
+        cmd.append("--enforce-eager")  # torch.compile on CPU costs minutes at start for little gain
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.pop("VLLM_API_KEY", None)
+    if args.api_key:
+        env["VLLM_API_KEY"] = args.api_key
+    if not gpu:
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB of KV cache
+    return cmd + extra, env
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGTERM if the backend dies without forwarding a signal (Linux)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+class Child:
+    """vLLM's server process: its own process group, its log copied to our stderr with a tail kept."""
+
+    def __init__(self, cmd: list[str], env: dict[str, str]):
+        self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, start_new_session=True,
+                                     preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+        self.tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL)
+        self._reader = threading.Thread(target=self._copy_log, daemon=True)
+        self._reader.start()
+
+    def _copy_log(self) -> None:
+        for raw in self.proc.stdout:  # always drained: a full pipe would stall vLLM
+            line = raw.decode("utf-8", "replace")
+            self.tail.append(line.rstrip("\n"))
+            try:
+                sys.stderr.write(line)
+                sys.stderr.flush()
+            except (OSError, ValueError):  # our stderr is gone; keep draining
+                pass
+
+    def signal(self, sig: int) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def stop(self, grace: float = 30.0) -> int:
+        """SIGTERM the group, SIGKILL it after `grace` seconds; the exit status."""
+        self.signal(signal.SIGTERM)
+        try:
+            self.proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            self.signal(signal.SIGKILL)
+            self.proc.wait()
+        return self.returncode()
+
+    def returncode(self) -> int:
+        rc = self.proc.wait()
+        self._reader.join(timeout=5)  # the rest of the log
+        return 128 - rc if rc < 0 else rc  # killed by signal N -> 128 + N, as shells report it
+
+
+def _request(url: str, api_key: str | None, body: dict | None = None, timeout: float = 5.0) -> int:
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers=headers, method="GET" if body is None else "POST")
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        r.read()
+        return r.status
+
+
+def warmup_body(export_dir: Path, name: str, rows: int = 4) -> dict:
+    """A 2-token greedy completion from a few random rows of the speech embedding."""
+    from safetensors import safe_open
+
+    with safe_open(str(export_dir / WEIGHTS), framework="pt") as f:
+        table = f.get_tensor("model.embed_tokens.weight")
+    idx = torch.randint(0, table.size(0) - 3, (rows,), generator=torch.Generator().manual_seed(0))
+    buf = io.BytesIO()
+    torch.save(table[idx].clone(), buf)
+    return {"model": name, "prompt_embeds": base64.b64encode(buf.getvalue()).decode(), "max_tokens": 2,
+            "temperature": 0.0}
+
+
+def wait_ready(child: Child, base: str, api_key: str | None, warmup: dict, timeout: float) -> str | None:
+    """None once /health answers and the warm-up completion succeeded; else why not."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if child.proc.poll() is not None:
+            return f"vLLM's server exited with status {child.returncode()} before it was ready"
+        try:
+            if _request(base + "/health", None) == 200:
+                break
+        except (OSError, urllib.error.URLError):
+            pass
+        time.sleep(0.5)
+    else:
+        return f"vLLM's server did not answer /health within {timeout:.0f} s"
+    try:
+        _request(base + "/v1/completions", api_key, warmup, timeout=max(deadline - time.monotonic(), 30.0))
+    except (OSError, urllib.error.URLError) as e:
+        detail = e.read().decode("utf-8", "replace")[:500] if isinstance(e, urllib.error.HTTPError) else e
+        return f"the warm-up completion failed: {detail}"
+    return None
+
+
+def _url_host(host: str) -> str:
+    if host in ("", "0.0.0.0"):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, extra = parse_args(sys.argv[1:] if argv is None else argv)
+    if not Path(args.model_dir).expanduser().is_dir():
+        print(f"error: model directory {args.model_dir} does not exist (give a local CosyVoice2 model "
+              "directory)", file=sys.stderr)
+        return 2
+    if not any(ep.value == PLUGIN for ep in entry_points(group="vllm.general_plugins")):
+        print(f"error: cosy's vLLM plugin ({PLUGIN}) is not registered: install cosy with "
+              "`pip install -e .` (or `pip install .`)", file=sys.stderr)
+        return 2
+    try:
+        export_dir = export_for_vllm(args.model_dir, args.cache_dir)
+        name = served_model_name(llm_fingerprint(args.model_dir, args.cache_dir))
+    except (ModelDirError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    gpu = torch.cuda.is_available()
+    cmd, env = vllm_command(args, export_dir, name, gpu, extra)
+    print(f"cosy backend: serving {export_dir} as {name} on {'GPU' if gpu else 'CPU'}", file=sys.stderr)
+    child = Child(cmd, env)
+    stopping = []
+
+    def forward(sig: int, _frame) -> None:
+        stopping.append(sig)
+        child.signal(sig)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, forward)
+    url_host = _url_host(args.host)
+    why = wait_ready(child, f"http://{url_host}:{args.port}", args.api_key, warmup_body(export_dir, name),
+                     args.start_timeout)
+    if why is not None:
+        rc = child.stop() if child.proc.poll() is None else child.returncode()
+        if stopping:  # asked to stop while starting: not an error of ours
+            return rc
+        print("\n".join(["", "---- last lines of vLLM's log ----", *child.tail, "----"]), file=sys.stderr)
+        print(f"error: cosy backend failed to start: {why}", file=sys.stderr)
+        return rc or 1
+    print(f"cosy backend ready: http://{url_host}:{args.port}/v1", flush=True)
+    return child.returncode()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""Several LM backends behind one `generate`: each request goes to the least loaded live backend.
+
+A backend that cannot be reached is skipped and tried again after a cool-down; a request that failed
+before its first token moves on to the next backend. Once tokens have streamed, a failure is the
+request's error (restarting it elsewhere would repeat audio).
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+from torch import Tensor
+
+from cosy.lm.remote import BackendError, BackendUnavailable, RemoteLM
+from cosy.lm.sampling import SamplingParams
+
+
+class BackendPool:
+    def __init__(self, backends: list[RemoteLM], cooldown: float = 10.0):
+        if not backends:
+            raise ValueError("no LM backend given")
+        self.backends, self.cooldown = backends, cooldown
+        self.in_flight = {id(b): 0 for b in backends}
+        self.dead_until = {id(b): 0.0 for b in backends}
+        self.errors: dict[int, str] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return self.backends[0].sampling
+
+    def check(self) -> None:
+        """At start-up: misconfiguration (bad key, wrong URL, other llm.pt) is fatal; at least one backend
+        must answer, the unreachable ones are marked dead and retried later."""
+        for b in self.backends:
+            try:
+                b.check()
+            except BackendUnavailable as e:
+                self._mark_dead(b, str(e))
+        if all(self.dead_until[id(b)] > time.monotonic() for b in self.backends):
+            raise BackendUnavailable("no LM backend is reachable: " + "; ".join(self.errors.values()))
+
+    def _mark_dead(self, b: RemoteLM, why: str) -> None:
+        with self._lock:
+            self.dead_until[id(b)] = time.monotonic() + self.cooldown
+            self.errors[id(b)] = why
+
+    def _pick(self, tried: set[int]) -> RemoteLM | None:
+        """The live backend with the fewest requests in flight (dead ones whose cool-down is over count as
+        live again); if all are cooling down, the one that comes back first."""
+        with self._lock:
+            now = time.monotonic()
+            candidates = [b for b in self.backends if id(b) not in tried]
+            if not candidates:
+                return None
+            live = [b for b in candidates if self.dead_until[id(b)] <= now]
+            pool = live or sorted(candidates, key=lambda b: self.dead_until[id(b)])[:1]
+            best = min(pool, key=lambda b: self.in_flight[id(b)])
+            self.in_flight[id(best)] += 1
+            return best
+
+    def generate(self, prompt_embeds: Tensor, min_len: int, max_len: int, seed: int | None = None,
+                 params: SamplingParams | None = None) -> Iterator[int]:
+        tried: set[int] = set()
+        while (b := self._pick(tried)) is not None:
+            tried.add(id(b))
+            tokens = b.generate(prompt_embeds, min_len, max_len, seed=seed, params=params)
+            produced = 0
+            try:
+                for token in tokens:
+                    produced += 1
+                    yield token
+                with self._lock:
+                    self.dead_until[id(b)] = 0.0
+                return
+            except BackendUnavailable as e:
+                self._mark_dead(b, str(e))  # nothing streamed yet: the next backend takes the request
+            except BackendError as e:
+                if produced:  # died mid-stream: keep new requests away from it for a while
+                    self._mark_dead(b, str(e))
+                raise
+            finally:
+                tokens.close()
+                with self._lock:
+                    self.in_flight[id(b)] -= 1
+        raise BackendError("no LM backend could take the request: " + "; ".join(self.errors.values()))
+
+
+def connect(base_urls: str, api_key: str | None, model: str, sampling: SamplingParams | None = None,
+            check: bool = True) -> BackendPool:
+    """`--llm_base_url` (comma-separated URLs) -> a checked pool of backends serving `model`."""
+    urls = [u.strip() for u in base_urls.split(",") if u.strip()]
+    pool = BackendPool([RemoteLM(u, api_key, model, sampling) for u in urls])
+    if check:
+        pool.check()
+    return pool

@@ -1,0 +1,154 @@
+"""The speech-token LM on a remote backend (`launch/backend.py`: vLLM's OpenAI server), via the openai client.
+
+`RemoteLM.generate` has the signature of `SpeechLM.generate`: the prompt goes as embeddings (base64 of
+`torch.save` of an (L, H) tensor, vLLM's `prompt_embeds`), token ids stream back one per chunk, and the
+backend's RAS logits processor (cosy.vllm_plugin.ras) samples from the same distribution as the
+in-process sampler, seeded per request. Errors say what is wrong and how to fix it.
+"""
+from __future__ import annotations
+
+import base64
+import io
+import time
+from collections.abc import Iterator
+from urllib.parse import urlsplit
+
+import httpx
+import openai
+import torch
+from torch import Tensor
+
+from cosy.lm.sampling import STOP_TOKENS, SamplingParams
+
+SPEECH_VOCAB = 6564  # speech tokens 0..6560 and the stop ids 6561..6563
+
+
+class BackendError(RuntimeError):
+    """The LM backend failed or is misconfigured; the message names the backend and the fix."""
+
+
+class BackendUnavailable(BackendError):
+    """Nothing was generated yet and the backend could not be used: another backend may take the request."""
+
+
+def encode_prompt_embeds(prompt_embeds: Tensor) -> str:
+    """(1, L, H) or (L, H) -> base64 of `torch.save` of the (L, H) tensor, as vLLM's prompt_embeds wants."""
+    buf = io.BytesIO()
+    torch.save(prompt_embeds.detach().reshape(-1, prompt_embeds.shape[-1]).cpu().contiguous(), buf)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _wrong_url_hint(base_url: str) -> str:
+    """Why a URL answered 404 for /models: it lacks /v1, or it is a frontend's address."""
+    parts = urlsplit(base_url)
+    if not parts.path.rstrip("/").endswith("/v1"):
+        return f"the backend's URL ends in /v1: use {base_url.rstrip('/')}/v1"
+    try:
+        root = httpx.get(f"{parts.scheme}://{parts.netloc}/", timeout=5.0, follow_redirects=True)
+        if "gradio" in root.text.lower() or "cosy frontend" in root.text.lower():
+            return ("this is a cosy frontend (the Gradio/HTTP app), not an LM backend: use the address "
+                    "`launch/backend.py` printed, e.g. http://HOST:8000/v1")
+    except httpx.HTTPError:
+        pass
+    return "no LM backend answers there: use the URL `launch/backend.py` printed (http://HOST:PORT/v1)"
+
+
+class RemoteLM:
+    """One backend. Thread-safe: the openai client pools connections; requests share nothing else."""
+
+    def __init__(self, base_url: str, api_key: str | None, model: str, sampling: SamplingParams | None = None,
+                 connect_timeout: float = 5.0, read_timeout: float = 120.0, retries: int = 2):
+        self.base_url = base_url.rstrip("/")
+        self.model = model  # the served model name, cosyvoice2-<llm.pt fingerprint>
+        self.sampling = sampling or SamplingParams()
+        self.retries = retries
+        self.client = openai.OpenAI(base_url=self.base_url, api_key=api_key or "none", max_retries=0,
+                                    timeout=httpx.Timeout(read_timeout, connect=connect_timeout))
+
+    def check(self) -> None:
+        """Reachable, key accepted, and serving our llm.pt; else BackendError (Unavailable if unreachable)."""
+        try:
+            served = [m.id for m in self.client.models.list().data]
+        except openai.AuthenticationError:
+            raise BackendError(f"the LM backend at {self.base_url} refused the API key (401): pass the key the "
+                               "backend was started with (--llm_api_key)") from None
+        except openai.NotFoundError:
+            raise BackendError(f"{self.base_url} is not an LM backend URL (404 on /models): "
+                               f"{_wrong_url_hint(self.base_url)}") from None
+        except (openai.APIConnectionError, openai.APITimeoutError) as e:
+            raise BackendUnavailable(f"cannot reach the LM backend at {self.base_url} ({e})") from None
+        except openai.APIStatusError as e:
+            raise BackendUnavailable(f"the LM backend at {self.base_url} answered {e.status_code}") from None
+        if self.model not in served:
+            raise BackendError(f"the LM backend at {self.base_url} serves {', '.join(served) or 'nothing'}, but this "
+                               f"frontend's llm.pt is {self.model}: start the backend on the same model "
+                               "directory (a different or fine-tuned llm.pt would give wrong speech)")
+
+    def _request(self, prompt_embeds: Tensor, min_len: int, max_len: int, seed: int, p: SamplingParams):
+        xargs = {"cosy_min_len": int(min_len), "cosy_ras": 0 if p.greedy else 1, "cosy_top_p": float(p.top_p),
+                 "cosy_top_k": int(p.top_k), "cosy_win": int(p.win_size), "cosy_tau": float(p.tau_r)}
+        stop = [] if p.ignore_stop else list(STOP_TOKENS)
+        if p.ignore_stop:
+            xargs["cosy_ignore_stop"] = 1
+        # plain sampling: the backend's logits processor already turned the row into the RAS distribution
+        return self.client.completions.create(
+            model=self.model, prompt=None, max_tokens=int(max_len), temperature=0.0 if p.greedy else 1.0,
+            top_p=1.0, stream=True, seed=int(seed),
+            extra_body={"prompt_embeds": encode_prompt_embeds(prompt_embeds), "return_token_ids": True,
+                        "stop_token_ids": stop, "ignore_eos": p.ignore_stop, "top_k": -1, "vllm_xargs": xargs})
+
+    def _open(self, *args) -> object:
+        """Start the request, retrying connection failures and 5xx answers before anything streamed."""
+        delay = 0.5
+        for attempt in range(self.retries + 1):
+            try:
+                return self._request(*args)
+            except openai.AuthenticationError:
+                raise BackendError(f"the LM backend at {self.base_url} refused the API key (401): pass the key "
+                                   "the backend was started with (--llm_api_key)") from None
+            except openai.NotFoundError as e:
+                raise BackendError(f"the LM backend at {self.base_url} answered 404 ({e.message}): "
+                                   f"{_wrong_url_hint(self.base_url)}") from None
+            except openai.BadRequestError as e:
+                raise BackendError(f"the LM backend at {self.base_url} rejected the request: {e.message}") from None
+            except (openai.APIConnectionError, openai.APITimeoutError, openai.InternalServerError) as e:
+                if attempt == self.retries:
+                    raise BackendUnavailable(f"cannot reach the LM backend at {self.base_url} ({e})") from None
+                time.sleep(delay)
+                delay *= 2
+        raise AssertionError("unreachable")
+
+    def generate(self, prompt_embeds: Tensor, min_len: int, max_len: int, seed: int | None = None,
+                 params: SamplingParams | None = None) -> Iterator[int]:
+        """Yield speech tokens as the backend streams them (never a stop token). Closing the iterator
+        closes the HTTP stream, which aborts the request on the backend."""
+        p = params or self.sampling
+        seed = seed if seed is not None else int(torch.randint(0, 2**31 - 1, (1,)).item())
+        stream = self._open(prompt_embeds, min_len, max_len, seed, p)
+        produced, finish = 0, None
+        try:
+            for chunk in stream:
+                if not chunk.choices:
+                    continue
+                choice = chunk.choices[0]
+                finish = choice.finish_reason or finish
+                for token in getattr(choice, "token_ids", None) or []:  # usually one per chunk, sometimes more
+                    if not isinstance(token, int) or not 0 <= token < SPEECH_VOCAB:
+                        raise BackendError(f"the LM backend at {self.base_url} returned an invalid speech token "
+                                           f"{token!r}: is it serving a CosyVoice2 model?")
+                    if token in STOP_TOKENS and not p.ignore_stop:
+                        return
+                    produced += 1
+                    yield token
+            if finish not in ("stop", "length"):  # the server went away (or aborted us) mid-request
+                error = BackendUnavailable if produced == 0 else BackendError
+                raise error(f"the LM backend at {self.base_url} failed after {produced} tokens (the stream "
+                            f"ended with finish_reason {finish!r}); the request was not completed")
+        except (openai.APIError, httpx.HTTPError) as e:
+            if produced == 0:
+                raise BackendUnavailable(f"the LM backend at {self.base_url} failed before the first token ({e})") \
+                    from None
+            raise BackendError(f"the LM backend at {self.base_url} failed after {produced} tokens ({e}); "
+                               "the request was not completed") from None
+        finally:
+            stream.close()

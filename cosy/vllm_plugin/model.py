@@ -1,0 +1,30 @@
+"""`CosyVoice2ForCausalLM`: vLLM's Qwen2 with CosyVoice2's biased output head (`llm_decoder`).
+
+The exported checkpoint (`cosy.lm.export`) is a Qwen2 whose 6564-id vocabulary is the speech tokens:
+embed_tokens = speech_embedding (what each decode step feeds), lm_head = llm_decoder. Stock Qwen2 has no
+lm_head bias, so the head is rebuilt with one and the bias is passed to the logits computation.
+"""
+from __future__ import annotations
+
+import torch
+from vllm.config import VllmConfig
+from vllm.distributed import get_pp_group
+from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
+from vllm.model_executor.models.utils import maybe_prefix
+
+
+class CosyVoice2ForCausalLM(Qwen2ForCausalLM):
+    """Qwen2ForCausalLM with `lm_head = ParallelLMHead(6564, hidden, bias=True)`; weights load unchanged."""
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
+        super().__init__(vllm_config=vllm_config, prefix=prefix)
+        if self.config.tie_word_embeddings:
+            raise ValueError("CosyVoice2ForCausalLM needs tie_word_embeddings=false (its head is llm_decoder, "
+                             "not the speech embedding); re-export with cosy.lm.export")
+        if get_pp_group().is_last_rank:
+            self.lm_head = ParallelLMHead(self.config.vocab_size, self.config.hidden_size, bias=True,
+                                          quant_config=self.quant_config, prefix=maybe_prefix(prefix, "lm_head"))
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
+        return self.logits_processor(self.lm_head, hidden_states, self.lm_head.bias)

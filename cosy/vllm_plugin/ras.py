@@ -1,0 +1,152 @@
+"""CosyVoice2's sampling inside vLLM: a v1 logits processor that makes vLLM's plain sampler draw exactly
+what `cosy.lm.sampling.ras_sample` draws.
+
+A request opts in through `SamplingParams.extra_args` (the client sends `extra_body={"vllm_xargs": {...}}`):
+    cosy_min_len  int  while fewer tokens than this were produced, logit 6561 (eos only) is -inf. Not
+                       vLLM's `min_tokens`, which would mask every stop id (the official sampler lets
+                       6562/6563 end the output early).
+    cosy_ras      0/1  1: the row becomes log P, P the exact RAS next-token distribution given the request's
+                       own outputs (`ras_distribution`), so vLLM must sample it plainly: temperature 1,
+                       no top-p/top-k/min-p, no penalties (checked; otherwise HTTP 400).
+    cosy_top_p, cosy_top_k, cosy_win, cosy_tau: RAS parameters (default: `SamplingParams`' defaults).
+    cosy_ignore_stop 0/1  1: 6561..6563 are -inf at every step (benchmarks with fixed token counts, like
+                       the in-process `SamplingParams.ignore_stop`).
+Requests without cosy_* keys are left untouched. The processor is not argmax-invariant, so vLLM applies it
+before greedy argmax too: greedy (temperature 0) requests get the min_len mask.
+
+Each request's history is the live `output_tok_ids` list vLLM hands over in `BatchUpdate.added`. Under
+async scheduling (vLLM's default on GPUs) that list holds -1 placeholders unless vLLM knows a custom
+processor needs the ids: it knows only for processors named by `--logits-processors`, which is why
+`cosy.backend` loads this class that way instead of through the `vllm.logits_processors` entry point.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from vllm import SamplingParams as VllmSamplingParams
+from vllm.config import VllmConfig
+from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
+from vllm.v1.sample.logits_processor.builtin import process_dict_updates
+
+from cosy.lm.sampling import EOS, STOP_TOKENS, SamplingParams, _nucleus, _repeated, _scores
+
+PREFIX = "cosy_"
+KEYS = ("cosy_min_len", "cosy_ras", "cosy_top_p", "cosy_top_k", "cosy_win", "cosy_tau", "cosy_ignore_stop")
+
+
+@dataclass
+class CosyRequest:
+    """What the processor keeps per batch row."""
+    output: list[int]  # vLLM's live list of the request's generated ids
+    min_len: int
+    ras: SamplingParams | None  # None: only the min_len mask
+    ignore_stop: bool = False
+
+
+def _number(args: dict, key: str, kind: type, default, lo: float, hi: float = float("inf")):
+    value = args.get(key, default)
+    ok_int = isinstance(value, int) and not isinstance(value, bool)
+    if kind is int and not ok_int or kind is float and not (ok_int or isinstance(value, float)):
+        raise ValueError(f"vllm_xargs.{key} must be a{'n integer' if kind is int else ' number'}, got {value!r}")
+    if not lo <= value <= hi:
+        raise ValueError(f"vllm_xargs.{key} must lie in [{lo}, {hi}], got {value!r}")
+    return kind(value)
+
+
+def parse_request(params: VllmSamplingParams) -> tuple[int, SamplingParams | None, bool] | None:
+    """(min_len, RAS params or None, ignore_stop) of a request, None without cosy_* keys; ValueError on
+    bad values."""
+    args = params.extra_args or {}
+    ours = {k: v for k, v in args.items() if isinstance(k, str) and k.startswith(PREFIX)}
+    if not ours:
+        return None
+    if unknown := sorted(set(ours) - set(KEYS)):
+        raise ValueError(f"unknown vllm_xargs {unknown}; cosy understands {list(KEYS)}")
+    min_len = _number(ours, "cosy_min_len", int, 0, 0)
+    for flag in ("cosy_ras", "cosy_ignore_stop"):
+        if isinstance(ours.get(flag), bool):  # JSON true/false
+            ours[flag] = int(ours[flag])
+    ignore_stop = bool(_number(ours, "cosy_ignore_stop", int, 0, 0, 1))
+    if not _number(ours, "cosy_ras", int, 0, 0, 1):
+        return min_len, None, ignore_stop
+    d = SamplingParams()
+    ras = SamplingParams(top_p=_number(ours, "cosy_top_p", float, d.top_p, 0.0, 1.0),
+                         top_k=_number(ours, "cosy_top_k", int, d.top_k, 1),
+                         win_size=_number(ours, "cosy_win", int, d.win_size, 0),
+                         tau_r=_number(ours, "cosy_tau", float, d.tau_r, 0.0))
+    if ras.top_p <= 0:
+        raise ValueError("vllm_xargs.cosy_top_p must be > 0")
+    # vLLM samples from our row after this processor; anything that reshapes the row would bias the draw
+    plain = (params.temperature == 1.0 and params.top_p == 1.0 and params.top_k in (0, -1)
+             and params.min_p == 0.0 and params.presence_penalty == 0.0 and params.frequency_penalty == 0.0
+             and params.repetition_penalty == 1.0)
+    if not plain:
+        raise ValueError("cosy_ras=1 needs plain sampling: temperature 1, top_p 1, top_k -1, min_p 0 and no "
+                         "penalties (the RAS distribution already includes top-p/top-k)")
+    return min_len, ras, ignore_stop
+
+
+def ras_logprobs(logits: Tensor, history: list[int], p: SamplingParams, mask_eos: bool) -> Tensor:
+    """log of `cosy.lm.sampling.ras_distribution(logits, history, p, mask_eos)`, (V,) float32 on logits'
+    device; the sum over repeated tokens is one batched softmax and a matrix-vector product, not a loop.
+
+    P(x) = p_n(x) [x not in R] + sum_{y in R} p_n(y) p_f^(-y)(x), p_f^(-y) the full softmax without y.
+    """
+    scores = _scores(logits, mask_eos)  # float32 log-probs, eos masked before min_len
+    kept, ids = _nucleus(scores.softmax(dim=0), p)
+    p_n = kept.double() / kept.double().sum()
+    ids_list, w_list = ids.tolist(), p_n.tolist()
+    rep = [i for i, t in enumerate(ids_list) if w_list[i] > 0 and _repeated(t, history, p)]
+    own = p_n.clone()
+    own[rep] = 0.0  # a repeated token keeps no nucleus mass of its own: it is redrawn
+    if not rep or int(torch.isfinite(scores).sum()) == 1:  # nothing redrawn, or y is all there is
+        out = torch.full_like(scores, float("-inf"))
+        out[ids] = (p_n if rep else own).log().float()
+        return out
+    at = torch.tensor(rep, device=scores.device)
+    ys = ids[at]
+    masked = scores.expand(len(rep), -1).clone()
+    masked[torch.arange(len(rep), device=scores.device), ys] = float("-inf")
+    full = masked.softmax(dim=1).double()  # p_f^(-y), one row per repeated y
+    weights = p_n[at] / full.sum(dim=1)  # renormalised in float64, as ras_distribution does
+    out = weights @ full
+    out[ids] += own
+    return out.log().float()
+
+
+class CosyLogitsProcessor(LogitsProcessor):
+    """min_len eos mask and exact RAS for requests carrying cosy_* extra args; others untouched."""
+
+    @classmethod
+    def validate_params(cls, sampling_params: VllmSamplingParams) -> None:
+        parse_request(sampling_params)  # ValueError -> HTTP 400 at the server
+
+    def __init__(self, vllm_config: VllmConfig, device: torch.device, is_pin_memory: bool):
+        self.requests: dict[int, CosyRequest] = {}  # batch row -> state
+
+    def is_argmax_invariant(self) -> bool:
+        return False  # the eos mask changes greedy picks
+
+    @staticmethod
+    def _new(params: VllmSamplingParams, prompt_ids: list[int] | None, output: list[int]) -> CosyRequest | None:
+        parsed = parse_request(params)
+        return None if parsed is None else CosyRequest(output, *parsed)
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        process_dict_updates(self.requests, batch_update, self._new)
+
+    def apply(self, logits: Tensor) -> Tensor:
+        for row, req in self.requests.items():
+            if req.ignore_stop:
+                logits[row, EOS:EOS + len(STOP_TOKENS)] = float("-inf")
+            mask_eos = len(req.output) < req.min_len
+            if req.ras is not None:
+                logits[row] = ras_logprobs(logits[row], req.output, req.ras, mask_eos)
+            elif mask_eos:
+                logits[row, EOS] = float("-inf")
+        return logits
+
+
+__all__ = ["CosyLogitsProcessor", "CosyRequest", "KEYS", "parse_request", "ras_logprobs"]

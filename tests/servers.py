@@ -1,0 +1,80 @@
+"""Real servers for tests: the vLLM backend (`launch/backend.py`) on the tiny model."""
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from cosy.lm.export import llm_fingerprint, served_model_name
+
+ROOT = Path(__file__).resolve().parents[1]
+BACKEND = ROOT / "launch" / "backend.py"
+API_KEY = "test-key"
+READY = "cosy backend ready: "
+READY_TIMEOUT = 300.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Backend:
+    """`python launch/backend.py` on a fixed port; restartable on the same port."""
+
+    def __init__(self, model_dir: Path, cache_dir: Path, log_path: Path, api_key: str = API_KEY):
+        self.model_dir, self.cache_dir, self.log_path, self.api_key = model_dir, cache_dir, log_path, api_key
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/v1"
+        self.model_name = served_model_name(llm_fingerprint(model_dir, cache_dir))
+        self.proc: subprocess.Popen | None = None
+        self.stdout: list[str] = []
+
+    def start(self, timeout: float = READY_TIMEOUT) -> None:
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, str(BACKEND), "--model_dir", str(self.model_dir), "--host", "127.0.0.1",
+                 "--port", str(self.port), "--api_key", self.api_key, "--cache_dir", str(self.cache_dir)],
+                stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True, cwd=ROOT)
+        lines: queue.Queue[str | None] = queue.Queue()
+
+        def read(proc: subprocess.Popen) -> None:
+            for raw in proc.stdout:
+                self.stdout.append(raw.decode())
+                lines.put(raw.decode())
+            lines.put(None)
+
+        threading.Thread(target=read, args=(self.proc,), daemon=True).start()
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = lines.get(timeout=max(deadline - time.monotonic(), 0.01))
+            except queue.Empty:
+                line = None
+            if line is None or line.startswith(READY):
+                break
+        if line is None:
+            self.stop()
+            raise RuntimeError(f"backend not ready within {timeout:.0f} s; log tail:\n{self.log_tail()}")
+        assert line == f"{READY}{self.url}\n"
+
+    def stop(self, grace: float = 60.0) -> int | None:
+        """SIGTERM the backend (it stops vLLM), SIGKILL its group after `grace` s; its exit status."""
+        if self.proc is None or self.proc.poll() is not None:
+            return None if self.proc is None else self.proc.returncode
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # vLLM, in its own group, gets SIGTERM on our death
+            return self.proc.wait()
+
+    def log_tail(self, n: int = 40) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])

@@ -1,0 +1,168 @@
+"""The frontend's LM client against things that are not a working backend: clear errors, no hangs."""
+from __future__ import annotations
+
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import torch
+
+from cosy.lm.pool import BackendPool
+from cosy.lm.remote import BackendError, BackendUnavailable, RemoteLM, encode_prompt_embeds
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _FakeFrontend(BaseHTTPRequestHandler):
+    """Answers like a Gradio app: an HTML page at /, 404 elsewhere."""
+
+    def do_GET(self):
+        if self.path == "/":
+            body = b"<html><head><script>window.gradio_config = {}</script></head></html>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+        else:
+            body = b'{"detail":"Not Found"}'
+            self.send_response(404)
+            self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_POST = do_GET
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def http_page():
+    server = ThreadingHTTPServer(("127.0.0.1", free_port()), _FakeFrontend)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+
+
+def test_unreachable_backend_is_named(tmp_path):
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    lm = RemoteLM(url, "k", "cosyvoice2-x", connect_timeout=2, retries=1)
+    with pytest.raises(BackendUnavailable, match=f"cannot reach the LM backend at {url}"):
+        lm.check()
+    with pytest.raises(BackendUnavailable, match="cannot reach"):
+        list(lm.generate(torch.zeros(1, 3, 8), 0, 5, seed=0))
+
+
+def test_url_of_a_frontend_or_without_v1_names_the_fix(http_page):
+    with pytest.raises(BackendError, match="cosy frontend .*not an LM backend"):
+        RemoteLM(http_page + "/v1", "k", "m").check()
+    with pytest.raises(BackendError, match=f"ends in /v1: use {http_page}/v1"):
+        RemoteLM(http_page, "k", "m").check()
+
+
+def test_pool_with_no_live_backend_says_so():
+    urls = [f"http://127.0.0.1:{free_port()}/v1" for _ in range(2)]
+    pool = BackendPool([RemoteLM(u, "k", "m", connect_timeout=1, retries=0) for u in urls], cooldown=30)
+    with pytest.raises(BackendUnavailable, match="no LM backend is reachable"):
+        pool.check()
+    with pytest.raises(BackendError, match="no LM backend could take the request"):
+        list(pool.generate(torch.zeros(1, 3, 8), 0, 5, seed=0))
+
+
+def test_prompt_embeds_encoding_round_trips():
+    import base64
+    import io
+    x = torch.randn(1, 7, 16)
+    back = torch.load(io.BytesIO(base64.b64decode(encode_prompt_embeds(x))), weights_only=True)
+    assert back.shape == (7, 16) and torch.equal(back, x[0])
+
+
+# ---- against the real backend (tests/conftest.py `backend`: vLLM on the tiny model) ---------------------
+
+ZS_TEXT = "希望你以后能够做的比我还好呦。"
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir):
+    from cosy.lm.model import SpeechLM
+    from cosy.lm.prompt import PromptEmbedder
+    return SpeechLM.from_model_dir(tiny_model_dir), PromptEmbedder.from_model_dir(tiny_model_dir)
+
+
+def test_client_greedy_equals_embedded_and_checks_pass(backend, tiny):
+    from cosy.lm.sampling import SamplingParams
+    lm, embedder = tiny
+    remote = RemoteLM(backend.url, backend.api_key, backend.model_name)
+    remote.check()
+    x = embedder([100, 200, 300, 400], [7, 8], [11, 12, 13])
+    assert torch.equal(x, lm.prompt_embeds([100, 200, 300, 400], [7, 8], [11, 12, 13]))
+    greedy = SamplingParams(greedy=True)
+    ours = list(lm.generate(x, 8, 60, params=greedy))
+    theirs = list(remote.generate(x, 8, 60, seed=0, params=greedy))
+    assert ours == theirs and len(ours) >= 8
+    sampled = list(remote.generate(x, 8, 60, seed=123))  # RAS on the server, seeded
+    assert sampled == list(remote.generate(x, 8, 60, seed=123)) and all(0 <= t < 6561 for t in sampled)
+
+
+def test_bad_key_and_other_llm_are_clear_errors(backend):
+    with pytest.raises(BackendError, match="refused the API key \\(401\\)"):
+        RemoteLM(backend.url, "wrong-key", backend.model_name).check()
+    with pytest.raises(BackendError, match="serves cosyvoice2-.* but this frontend's llm.pt is cosyvoice2-0000"):
+        RemoteLM(backend.url, backend.api_key, "cosyvoice2-0000000000000000").check()
+
+
+def test_pool_skips_a_dead_backend(backend, tiny):
+    _, embedder = tiny
+    dead = RemoteLM(f"http://127.0.0.1:{free_port()}/v1", backend.api_key, backend.model_name, retries=0)
+    live = RemoteLM(backend.url, backend.api_key, backend.model_name)
+    pool = BackendPool([dead, live], cooldown=60)
+    pool.check()  # one live backend is enough; the dead one is marked
+    assert pool.dead_until[id(dead)] > 0 and pool.dead_until[id(live)] == 0
+    x = embedder([100, 200], [], [])
+    for seed in range(3):
+        assert len(list(pool.generate(x, 2, 10, seed=seed))) > 0
+    assert pool.in_flight == {id(dead): 0, id(live): 0}
+
+
+def test_backend_killed_mid_stream_then_restarted(backend, tiny):
+    from cosy.lm.sampling import SamplingParams
+    _, embedder = tiny
+    pool = BackendPool([RemoteLM(backend.url, backend.api_key, backend.model_name, retries=1)], cooldown=1)
+    x = embedder([100, 200, 300], [], [])
+    long = SamplingParams(ignore_stop=True)
+    tokens = pool.generate(x, 0, 2000, seed=1, params=long)  # seconds of work even for the tiny model
+    got = [next(tokens) for _ in range(3)]
+    backend.stop(grace=0.1)
+    with pytest.raises(BackendError, match=f"LM backend at {backend.url}.*(failed after|before the first)"):
+        for t in tokens:
+            got.append(t)
+    with pytest.raises(BackendError, match="no LM backend could take the request|cannot reach"):
+        list(pool.generate(x, 0, 5, seed=1))
+    backend.start()
+    assert len(list(pool.generate(x, 0, 5, seed=1, params=long))) == 5  # same pool, no frontend restart
+
+
+def test_cli_with_backend_writes_the_embedded_lms_audio(backend, tiny_model_dir, tmp_path):
+    import subprocess
+    import sys
+
+    import soundfile as sf
+    from conftest import ASSETS
+    common = ["--model_dir", str(tiny_model_dir), "--mode", "zero_shot", "--text", "你好，今天天气很好。",
+              "--prompt_text", ZS_TEXT, "--prompt_wav", str(ASSETS / "zero_shot_prompt.wav"), "--seed", "4",
+              "--greedy"]
+    outs = []
+    for extra in ([], ["--llm_base_url", backend.url, "--llm_api_key", backend.api_key]):
+        out = tmp_path / f"{len(outs)}.wav"
+        r = subprocess.run([sys.executable, "-m", "cosy", *common, *extra, "--out", str(out)], capture_output=True,
+                           text=True, timeout=600)
+        assert r.returncode == 0, r.stderr
+        outs.append(sf.read(out)[0])
+    assert len(outs[0]) > 0 and outs[0].shape == outs[1].shape and (outs[0] == outs[1]).all()
+    r = subprocess.run([sys.executable, "-m", "cosy", *common, "--llm_base_url", backend.url, "--llm_api_key",
+                        "nope", "--out", str(tmp_path / "x.wav")], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 2 and "refused the API key (401)" in r.stderr and "Traceback" not in r.stderr
