@@ -126,10 +126,10 @@ class Engine:
             yield from self._token2wav(tokens, flow_prompt, req, seed + i)
 
     def _features(self, req: SynthesisRequest) -> PromptFeatures:
-        if req.mode == "voice":
-            if req.voice is None:
-                raise SynthesisError("mode 'voice' needs a saved voice")
+        if req.voice is not None:  # a saved voice's stored features serve every mode
             return req.voice
+        if req.mode == "voice":
+            raise SynthesisError("mode 'voice' needs a saved voice")
         if req.prompt_wav is None:
             raise SynthesisError(f"mode '{req.mode}' needs a prompt audio (prompt_wav)")
         return self.prompts.encode(req.prompt_wav)

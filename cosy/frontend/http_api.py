@@ -1,0 +1,168 @@
+"""The frontend's HTTP APIs on the app that also serves the WebUI (Gradio mounted at "/").
+
+    app = FastAPI()
+    install(app, service, api_key=args.api_key, ready=lambda: (True, "ok"))   # before or after mounting Gradio
+    app = gr.mount_gradio_app(app, blocks, path="/")
+
+Routes: the PAI-compatible API under /api/v1/audio (cosy.frontend.pai_api), OpenAI's POST
+/v1/audio/speech (cosy.frontend.openai_api), GET /health (the process is up; no key), GET /ready (models
+loaded and LM backend reachable, else 503 with the reason; no key, for load balancers), GET /metrics
+(Prometheus). With `api_key`, every other route needs `Authorization: Bearer <key>` (or the bare key, as
+PAI-EAS clients send it), else 401. Errors have one JSON shape (cosy.frontend.api_routing).
+
+Routing with Gradio at "/": a root mount matches every path, so (1) `install` puts the API routes ahead
+of it, and (2) `ApiGate`, a middleware that looks at each request before routing, answers the paths that
+neither the API nor any of the app's other routes nor Gradio's own routes serve: 404 in our JSON shape
+with the list of API routes; an API path with the wrong method gets 405. Gradio's paths (its page, assets,
+queue, its own 404s for missing files) pass untouched.
+"""
+from __future__ import annotations
+
+import hmac
+import time
+from collections.abc import Callable
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import Response
+from starlette.concurrency import run_in_threadpool
+from starlette.routing import BaseRoute, Match, Mount
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from cosy.frontend.api_routing import add_route, api_router, error_response
+from cosy.frontend.metrics import Metrics
+from cosy.frontend.openai_api import build_openai_router
+from cosy.frontend.pai_api import build_pai_router
+from cosy.frontend.reference_audio import ReferenceAudios
+from cosy.frontend.service import FrontendService, ServiceError
+
+Ready = Callable[[], tuple[bool, str]]
+
+
+def bearer_auth(api_key: str) -> Callable:
+    """A dependency: the request must carry the key (constant-time comparison)."""
+    expected = api_key.encode()
+
+    async def check(request: Request) -> None:
+        header = request.headers.get("authorization", "").strip()
+        scheme, _, rest = header.partition(" ")
+        token = rest.strip() if scheme.lower() == "bearer" else header
+        if not token:
+            raise ServiceError("this API needs a key: send the header 'Authorization: Bearer <key>' "
+                               "(the key the frontend was started with, --api_key)", 401)
+        if not hmac.compare_digest(token.encode(), expected):
+            raise ServiceError("wrong API key: send the key the frontend was started with (--api_key)", 401)
+
+    return check
+
+
+def build_router(service: FrontendService, *, api_key: str | None, ready: Ready,
+                 metrics: Metrics | None = None) -> APIRouter:
+    """Every API route of a frontend (auth included); `install` also adds the 404 handling and metrics."""
+    metrics = metrics or Metrics(service.pool.stats, lambda: service.pool.max_queue)
+    refs = ReferenceAudios(service)
+    auth = [Depends(bearer_auth(api_key))] if api_key else []
+    router = api_router()
+    router.include_router(build_pai_router(service, refs, metrics, auth))
+    router.include_router(build_openai_router(service, refs, metrics, auth))
+
+    async def health():
+        """The process is up (no key needed)."""
+        return {"status": "ok"}
+
+    async def readiness():
+        """Models loaded and the LM backend reachable; else 503 with the reason (no key needed)."""
+        start = time.monotonic()
+        try:
+            ok, reason = await run_in_threadpool(ready)
+        except Exception as e:  # a failing check is an answer too
+            ok, reason = False, f"the readiness check failed: {type(e).__name__}: {e}"
+        metrics.ready_check.observe(time.monotonic() - start)
+        if not ok:
+            raise ServiceError(f"not ready: {reason}", 503)
+        return {"status": "ready", "detail": reason}
+
+    async def prometheus():
+        body, content_type = metrics.render()
+        return Response(body, media_type=content_type)
+
+    add_route(router, "GET", "/health", health, tags=["ops"])
+    add_route(router, "GET", "/ready", readiness, tags=["ops"])
+    add_route(router, "GET", "/metrics", prometheus, tags=["ops"], dependencies=auth)
+    return router
+
+
+def _served(routes: list[BaseRoute], scope: Scope, skip: set[int]) -> bool:
+    """Does a route other than ours serve this path (any method)? A root mount is looked into."""
+    for route in routes:
+        if id(route) in skip:
+            continue
+        match, child = route.matches(scope)
+        if match is Match.NONE:
+            continue
+        if isinstance(route, Mount) and route.path == "":
+            inner = getattr(route.app, "routes", None)
+            if inner is None or _served(inner, {**scope, **child}, skip):
+                return True  # an app we cannot look into claims everything
+            continue
+        return True
+    return False
+
+
+class ApiGate:
+    """ASGI middleware before routing: counts API requests; 404/405 in our shape for paths nobody serves."""
+
+    def __init__(self, app: ASGIApp, *, outer: FastAPI, api_routes: list[BaseRoute], metrics: Metrics):
+        self.app, self.outer, self.api_routes, self.metrics = app, outer, api_routes, metrics
+        self._ours = {id(r) for r in api_routes}
+        self.listing = sorted({f"{m} {r.path.rstrip('/') or '/'}" for r in api_routes
+                               for m in (getattr(r, "methods", None) or ()) if m != "HEAD"})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        partial = None
+        for route in self.api_routes:
+            match, _ = route.matches(scope)
+            if match is Match.FULL:
+                return await self._counted(route.path.rstrip("/") or "/", scope, receive, send)
+            if match is Match.PARTIAL:
+                partial = partial or route
+        if _served(self.outer.router.routes, scope, self._ours):
+            return await self.app(scope, receive, send)
+        method, path = scope["method"], scope["path"]
+        if partial is not None:
+            allowed = sorted({m for r in self.api_routes if r.path.rstrip("/") == partial.path.rstrip("/")
+                              for m in (getattr(r, "methods", None) or ()) if m != "HEAD"})
+            response = error_response(f"{method} is not allowed on {path}: use {', '.join(allowed)}", 405,
+                                      headers={"Allow": ", ".join(allowed)})
+        else:
+            response = error_response(
+                f"no route {method} {path} on this cosy frontend; its HTTP API routes are listed in 'routes' "
+                "(the WebUI is at /)", 404, routes=self.listing)
+        self.metrics.answered("unmatched", method, response.status_code)
+        await response(scope, receive, send)
+
+    async def _counted(self, route: str, scope: Scope, receive: Receive, send: Send) -> None:
+        status = 500  # if the app fails before answering
+
+        async def send_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            self.metrics.answered(route, scope["method"], status)
+
+
+def install(app: FastAPI, service: FrontendService, *, api_key: str | None, ready: Ready) -> Metrics:
+    """Add the API routes (ahead of any Gradio mount), the 404/405 handling and the request metrics."""
+    metrics = Metrics(service.pool.stats, lambda: service.pool.max_queue)
+    before = {id(r) for r in app.router.routes}
+    app.include_router(build_router(service, api_key=api_key, ready=ready, metrics=metrics))
+    ours = [r for r in app.router.routes if id(r) not in before]
+    app.router.routes[:] = ours + [r for r in app.router.routes if id(r) in before]
+    app.add_middleware(ApiGate, outer=app, api_routes=ours, metrics=metrics)
+    return metrics

@@ -1,0 +1,112 @@
+"""OpenAI's `POST /v1/audio/speech`, so the official clients work against a frontend:
+
+    client = openai.OpenAI(base_url="http://FRONTEND:7860/v1", api_key="KEY or anything")
+    client.audio.speech.create(model="CosyVoice2-0.5B", voice="ref_0123456789ab", input="...")
+
+Fields: model (any name), input, voice (a reference-audio id or saved voice id, or {"id": ...}),
+instructions (-> instruct mode, "用四川话说这句话"; without: zero-shot with the voice's saved transcript),
+response_format mp3 (default) | opus | aac | flac | wav | pcm (24 kHz s16le mono), speed 0.25-4.0,
+stream_format audio (default) | sse, and `seed` (an extension: same seed, same audio).
+
+stream_format audio: the encoded file as a chunked body, bytes sent as soon as the codec has them (flac
+is sent when complete: its header holds the length). sse: `data: {"type": "speech.audio.delta", "audio":
+"<base64>"}` per piece, then `data: {"type": "speech.audio.done", "usage": {...}}` (input_tokens counts
+characters, output_tokens speech tokens at 25 Hz: there is no text tokenizer in this process).
+
+Speed: the engine scales the mel length within 0.5-2.0 (pitch kept). OpenAI's wider range is clamped to
+that: resampling would shift the pitch, and a time-stretch beyond 2x is not speech worth sending anyway.
+The speed applied is in the `X-Cosy-Speed` response header.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Literal, Union
+
+from fastapi import APIRouter
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from cosy.frontend.api_routing import add_route, api_router, error_body
+from cosy.frontend.encoding import FORMATS, MEDIA_TYPES
+from cosy.frontend.metrics import Metrics
+from cosy.frontend.reference_audio import ReferenceAudios
+from cosy.frontend.service import FrontendService, ServiceError
+from cosy.frontend.speech_stream import ENGINE_SPEED, Piece, SpeechRequest, open_speech
+
+log = logging.getLogger(__name__)
+TOKENS_PER_SECOND = 25  # CosyVoice2's speech tokens
+
+
+class VoiceId(BaseModel):
+    id: str = Field(min_length=1)
+
+
+class OpenAISpeech(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: str = Field(min_length=1)
+    input: str = Field(min_length=1)
+    voice: Union[str, VoiceId]
+    instructions: str = ""
+    response_format: Literal[FORMATS] = "mp3"
+    speed: float = Field(1.0, ge=0.25, le=4.0)
+    stream_format: Literal["audio", "sse"] = "audio"
+    seed: int | None = Field(None, ge=0, lt=2**31)
+
+
+def _sse(obj: dict) -> str:
+    return f"data: {json.dumps(obj)}\n\n"
+
+
+async def _audio(pieces: AsyncIterator[Piece], request_id: str) -> AsyncIterator[bytes]:
+    try:
+        async for p in pieces:
+            if p.data:
+                yield p.data
+    except ServiceError as e:
+        # headers are gone: abort the chunked body, so that the client sees an error, not a short file
+        log.warning("speech %s failed after audio was sent: %s", request_id, e)
+        raise
+
+
+async def _events(pieces: AsyncIterator[Piece], request_id: str, characters: int) -> AsyncIterator[str]:
+    seconds = 0.0
+    try:
+        async for p in pieces:
+            seconds += p.seconds
+            if p.data:
+                yield _sse({"type": "speech.audio.delta", "audio": base64.b64encode(p.data).decode("ascii")})
+        out = round(seconds * TOKENS_PER_SECOND)
+        yield _sse({"type": "speech.audio.done",
+                    "usage": {"input_tokens": characters, "output_tokens": out, "total_tokens": characters + out}})
+    except ServiceError as e:
+        yield _sse({"type": "error", **error_body(str(e), e.status), "request_id": request_id})
+
+
+def build_openai_router(service: FrontendService, refs: ReferenceAudios, metrics: Metrics,
+                        dependencies: list) -> APIRouter:
+    router = api_router(dependencies=dependencies, tags=["OpenAI-compatible"])
+
+    async def create_speech(body: OpenAISpeech):
+        """OpenAI's text-to-speech endpoint, over this frontend's saved voices."""
+        received, request_id = time.monotonic(), uuid.uuid4().hex
+        voice = body.voice.id if isinstance(body.voice, VoiceId) else body.voice
+        speed = min(max(body.speed, ENGINE_SPEED[0]), ENGINE_SPEED[1])
+        instruct = body.instructions.strip()
+        req = SpeechRequest(mode="instruct" if instruct else "zero_shot", text=body.input, voice_id=voice,
+                            instruct=instruct, speed=speed, seed=body.seed, fmt=body.response_format,
+                            sample_rate=service.sample_rate, stream=True)
+        pieces = await open_speech(service, refs, req, metrics=metrics, api="openai", received=received)
+        headers = {"X-Request-Id": request_id, "X-Cosy-Speed": f"{speed:g}"}
+        if body.stream_format == "sse":
+            return StreamingResponse(_events(pieces, request_id, len(body.input)), media_type="text/event-stream",
+                                     headers={**headers, "Cache-Control": "no-cache"})
+        return StreamingResponse(_audio(pieces, request_id), media_type=MEDIA_TYPES[body.response_format],
+                                 headers=headers)
+
+    add_route(router, "POST", "/v1/audio/speech", create_speech, summary="Create speech (OpenAI)")
+    return router

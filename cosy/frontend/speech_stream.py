@@ -1,0 +1,151 @@
+"""One speech request of the HTTP APIs: saved voice -> shared worker queue -> volume, rate -> encoded bytes.
+
+The blocking part (waiting in the queue, the chunks, resampling and encoding) runs in a thread of its own
+per request, not in the event loop nor in its small thread pool: a frontend may hold as many open streams
+as its queue admits, and past that the queue answers 429 at once. The first piece is awaited before any
+HTTP answer is started (`open_speech`), so a full queue, an unknown voice or a bad setting is a proper
+4xx/5xx JSON error; a failure after audio went out ends the stream (SSE: with an error event).
+A client that goes away closes the iterator, which cancels its job in the pool.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+
+from cosy.frontend.audio_out import OutputAudio
+from cosy.frontend.encoding import EncodingError, make_encoder
+from cosy.frontend.metrics import Metrics
+from cosy.frontend.reference_audio import ReferenceAudios
+from cosy.frontend.service import FrontendService, ServiceError
+
+ENGINE_SPEED = (0.5, 2.0)  # what the engine's flow (mel-length scaling) accepts
+
+
+@dataclass
+class SpeechRequest:
+    mode: str  # zero_shot (the voice's saved transcript), cross_lingual or instruct
+    text: str
+    voice_id: str
+    instruct: str = ""
+    speed: float = 1.0  # within ENGINE_SPEED
+    seed: int | None = None
+    fmt: str = "wav"
+    sample_rate: int = 24000
+    bit_rate: int | None = None
+    volume: float = 1.0
+    stream: bool = True  # streaming synthesis and encoders; False: whole sentences, exact file headers
+
+
+@dataclass
+class Piece:
+    data: bytes  # the next bytes of the encoded file
+    seconds: float  # synthesized audio in this piece
+    generate_time: float  # waiting for this piece's audio (for the first: queue + synthesis)
+    elapsed: float  # since the request was received
+    last: bool = False  # the encoder's tail; nothing follows
+
+
+def _pieces(service: FrontendService, refs: ReferenceAudios, req: SpeechRequest,
+            received: float) -> Iterator[Piece]:
+    """The blocking pipeline; raises ServiceError."""
+    try:
+        encoder = make_encoder(req.fmt, req.sample_rate, bit_rate=req.bit_rate, streaming=req.stream)
+    except EncodingError as e:
+        raise ServiceError(str(e)) from None
+    try:
+        common = dict(text=req.text, seed=req.seed, speed=req.speed, stream=req.stream)
+        refs.get(req.voice_id)  # 400/404 in the API's words
+        mode = "voice" if req.mode == "zero_shot" else req.mode  # the stored transcript is the prompt text
+        chunks = service.stream(mode, voice_id=req.voice_id, instruct_text=req.instruct, **common)
+        out = OutputAudio(service.sample_rate, req.sample_rate, req.volume)
+        try:
+            t = time.monotonic()
+            for chunk in chunks:
+                now = time.monotonic()
+                data = encoder.encode(out.push(chunk))
+                yield Piece(data, len(chunk) / service.sample_rate, now - t, now - received)
+                t = time.monotonic()
+        finally:
+            chunks.close()  # cancels the job if we stopped early
+        tail = encoder.encode(out.finish()) + encoder.finish()
+        yield Piece(tail, 0.0, 0.0, time.monotonic() - received, last=True)
+    finally:
+        encoder.close()
+
+
+async def _in_thread(make: Callable[[], Iterator]) -> AsyncIterator:
+    """Iterate a blocking iterator in a dedicated thread; closing this stops it after its current item."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue = asyncio.Queue()
+    stop = threading.Event()
+
+    def put(item: tuple) -> None:
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+        except RuntimeError:  # the loop is gone (shutdown)
+            stop.set()
+
+    def run() -> None:
+        it = None
+        try:
+            it = make()
+            for item in it:
+                if stop.is_set():
+                    break
+                put(("item", item))
+            put(("end", None))
+        except BaseException as e:  # handed to the awaiting side
+            put(("error", e))
+        finally:
+            if it is not None and hasattr(it, "close"):
+                it.close()
+
+    threading.Thread(target=run, daemon=True, name="speech").start()
+    try:
+        while True:
+            kind, value = await queue.get()
+            if kind == "item":
+                yield value
+            elif kind == "error":
+                raise value
+            else:
+                return
+    finally:
+        stop.set()
+
+
+async def open_speech(service: FrontendService, refs: ReferenceAudios, req: SpeechRequest, *,
+                      metrics: Metrics, api: str, received: float) -> AsyncIterator[Piece]:
+    """Start a request and wait for its first piece (ServiceError before any audio); then iterate them all.
+
+    Records first-packet latency, real-time factor and audio seconds under the label `api`."""
+    pieces = _in_thread(lambda: _pieces(service, refs, req, received))
+    try:
+        first = await pieces.__anext__()
+    except BaseException:
+        await pieces.aclose()
+        raise
+    metrics.first_packet.labels(api).observe(first.elapsed)
+
+    async def all_pieces() -> AsyncIterator[Piece]:
+        seconds = 0.0
+        try:
+            piece = first
+            while True:
+                seconds += piece.seconds
+                if piece.last:
+                    metrics.finished(api, piece.elapsed, seconds)
+                yield piece
+                if piece.last:
+                    return
+                piece = await pieces.__anext__()
+        except ServiceError:
+            metrics.stream_errors.labels(api).inc()
+            raise
+        finally:
+            await pieces.aclose()
+
+    return all_pieces()
