@@ -1,4 +1,4 @@
-"""Real servers for tests: the vLLM backend (`launch/backend.py`) on the tiny model."""
+"""Real servers for tests: the vLLM backend (`launch/backend.py`) and frontend apps (`app.py`)."""
 from __future__ import annotations
 
 import os
@@ -11,6 +11,8 @@ import threading
 import time
 from pathlib import Path
 
+from gradio_client import Client
+
 from cosy.lm.export import llm_fingerprint, served_model_name
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -18,6 +20,7 @@ BACKEND = ROOT / "launch" / "backend.py"
 API_KEY = "test-key"
 READY = "cosy backend ready: "
 READY_TIMEOUT = 300.0
+READY_APP = "cosy frontend ready: "
 
 
 def free_port() -> int:
@@ -78,3 +81,56 @@ class Backend:
 
     def log_tail(self, n: int = 40) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+
+
+class App:
+    """One `python app.py` process; its output is collected so a failure to start can be shown."""
+
+    def __init__(self, *args: str):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/"
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), *args, "--host", "127.0.0.1", "--port",
+                                      str(self.port)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True)
+        self.lines: list[str] = []
+        self.ready = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            if line.startswith(READY_APP):
+                self.ready.set()
+
+    def wait(self, timeout: float = 180) -> "App":
+        deadline = time.monotonic() + timeout
+        while not self.ready.wait(0.5):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError("app did not start:\n" + "".join(self.lines[-40:]))
+        assert f"{READY_APP}http://127.0.0.1:{self.port}/\n" in self.lines
+        return self
+
+    def client(self) -> Client:
+        return Client(self.url, verbose=False)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+def start_apps(*arg_lists: list[str]) -> list[App]:
+    """Start several apps at once (their start-ups overlap), wait for all; stop all if one fails."""
+    apps = [App(*args) for args in arg_lists]
+    try:
+        return [a.wait() for a in apps]
+    except BaseException:
+        for a in apps:
+            a.stop()
+        raise

@@ -234,6 +234,10 @@ class WorkerPool:
             return PromptFeatures(*(torch.from_numpy(a) for a in arrays))
         raise JobError("WorkerCrashed", "no result")
 
+    def alive(self) -> bool:
+        """Every worker process is running (a crashed one is restarted with its next job)."""
+        return bool(self._procs) and all(p.is_alive() for p in self._procs[-self.n_workers:])
+
     def stats(self) -> dict:
         with self._lock:
             busy = self._busy

@@ -1,0 +1,171 @@
+"""The WebUI: one page for every mode (saved voice, 3 s clone, cross-lingual, instruct), bilingual labels.
+
+The prompt comes from an upload or the microphone; results stream into a player while they are made (or
+arrive whole), and stay playable and downloadable as a wav. Every failure shows as a readable message.
+"""
+from __future__ import annotations
+
+import random
+import shutil
+import time
+from pathlib import Path
+
+import gradio as gr
+import numpy as np
+
+from cosy.frontend.gradio_api import stored_upload, user_errors, wav_file
+from cosy.frontend.service import FrontendService, ServiceError, wav_bytes
+
+ASSETS = Path(__file__).resolve().parents[2] / "assets"
+MODES = [("预设音色 Saved voice", "voice"), ("3s极速复刻 Zero-shot clone", "zero_shot"),
+         ("跨语种复刻 Cross-lingual", "cross_lingual"), ("自然语言控制 Instruct", "instruct")]
+HELP = {
+    "voice": "选择一个已保存的音色。 Pick a voice saved earlier (see *保存音色 Save this voice* below).",
+    "zero_shot": "上传或录制 3-30 秒的 prompt 音频，并填写它的文本。 Upload or record a 3-30 s prompt and "
+                 "type what it says.",
+    "cross_lingual": "上传或录制 prompt 音频（任何语言，无需文本）；合成文本可用另一种语言。 Upload or record a "
+                     "prompt in any language (no transcript needed); the text may be in another language.",
+    "instruct": "上传或录制 prompt 音频，并用一句话描述说话方式。 Upload or record a prompt and describe how "
+                "to speak.",
+}
+INSTRUCT_EXAMPLES = ["用四川话说这句话", "用粤语说这句话", "用开心的语气说", "用伤心的语气说",
+                     "Speak slowly and softly.", "Speak with great excitement!"]
+THEME = gr.themes.Soft(font=["ui-sans-serif", "system-ui", "sans-serif"],  # no web fonts: works offline
+                       font_mono=["ui-monospace", "monospace"])
+PRIVATE = dict(api_visibility="private")  # UI events stay out of the documented API (gradio_api.py)
+
+
+def _voice_ids(service: FrontendService) -> list[str]:
+    try:
+        return [v["voice_id"] for v in service.list_voices()]
+    except Exception:  # an unreadable data dir must not break the page
+        return []
+
+
+def _request(service: FrontendService, mode: str, text: str, prompt_wav: str | None, prompt_text: str,
+             instruct_text: str, voice_id: str | None, seed: float | None, speed: float) -> dict:
+    """The service call for the UI's current values (only the fields the mode uses)."""
+    req = dict(mode=mode, text=text, seed=int(seed) if seed is not None else None, speed=float(speed))
+    if mode == "voice":
+        return {**req, "voice_id": voice_id}
+    req["prompt_wav"] = stored_upload(service, prompt_wav)
+    if mode == "zero_shot":
+        req["prompt_text"] = prompt_text
+    elif mode == "instruct":
+        req["instruct_text"] = instruct_text
+    return req
+
+
+def _generate(service: FrontendService):
+    def generate(mode, text, prompt_wav, prompt_text, instruct_text, voice_id, seed, speed, stream,
+                 progress=gr.Progress()):
+        """Yield (streaming player, result, download, status) as audio is made."""
+        start, chunks, made = time.monotonic(), [], 0.0
+        sr = service.sample_rate
+        yield gr.skip(), gr.skip(), gr.skip(), "合成中 Synthesizing…"
+        try:
+            with user_errors():
+                req = _request(service, mode, text, prompt_wav, prompt_text, instruct_text, voice_id, seed, speed)
+                progress((0, None), desc="合成中 Synthesizing")
+                for chunk in service.stream(**req, stream=bool(stream)):
+                    chunks.append(chunk)
+                    made += len(chunk) / sr
+                    status = f"合成中… {made:.1f} s 音频 / Synthesizing… {made:.1f} s of audio so far"
+                    progress((len(chunks), None), desc="合成中 Synthesizing", unit="chunks" if stream else "parts")
+                    yield (wav_bytes(chunk, sr) if stream else gr.skip()), gr.skip(), gr.skip(), status
+                if not chunks:
+                    raise ServiceError("nothing was synthesized; check the text")
+                path = wav_file(np.concatenate(chunks), sr, f"cosy-{mode}")
+        except gr.Error as e:
+            yield gr.skip(), gr.skip(), gr.skip(), f"出错 Error: {e.message}"  # the toast says it too
+            raise
+        took = time.monotonic() - start
+        yield gr.skip(), path, path, f"完成 Done: {made:.1f} s 音频 / of audio in {took:.1f} s"
+
+    return generate
+
+
+def _save_voice(service: FrontendService):
+    def save(voice_id, prompt_text, prompt_wav):
+        yield gr.skip(), "保存中 Saving…"
+        try:
+            with user_errors():
+                v = service.save_voice((voice_id or "").strip(), prompt_text, stored_upload(service, prompt_wav))
+        except gr.Error as e:
+            yield gr.skip(), f"出错 Error: {e.message}"
+            raise
+        gr.Info(f"已保存音色 Saved voice '{v['voice_id']}'")
+        yield gr.update(choices=_voice_ids(service), value=v["voice_id"]), f"已保存 Saved: {v['voice_id']}"
+
+    return save
+
+
+def _on_mode(mode: str):
+    """Show the inputs the mode uses."""
+    return (gr.update(visible=mode != "voice"), gr.update(visible=mode == "zero_shot"),
+            gr.update(visible=mode == "instruct"), gr.update(visible=mode == "voice"), HELP[mode])
+
+
+def build(service: FrontendService, title: str = "CosyVoice2 语音合成 · Text to speech") -> gr.Blocks:
+    """The WebUI Blocks (the API endpoints are added by the caller, see `gradio_api.register`)."""
+    can_stream = shutil.which("ffmpeg") is not None  # gradio encodes the streamed audio with ffmpeg
+    with gr.Blocks(title="cosy · CosyVoice2", delete_cache=(600, 3600)) as blocks:
+        gr.Markdown(f"# {title}\nCosyVoice2 · cosy. 24 kHz; 相同种子与输入得到相同音频 / the same seed and "
+                    "inputs give the same audio.")
+        mode = gr.Radio(MODES, value="zero_shot", label="推理模式 Mode", elem_id="mode")
+        mode_help = gr.Markdown(HELP["zero_shot"])
+        text = gr.Textbox(label="合成文本 Text to speak", lines=3, elem_id="tts_text",
+                          value="收到好友从远方寄来的生日礼物，那份意外的惊喜让我心中充满了甜蜜的快乐。")
+        with gr.Row():
+            with gr.Column() as prompt_col:
+                prompt_wav = gr.Audio(sources=["upload", "microphone"], type="filepath", elem_id="prompt_wav",
+                                      label="prompt音频 Prompt audio (上传或录音 upload or record, 3-30 s)")
+                prompt_text = gr.Textbox(label="prompt文本 Prompt transcript", elem_id="prompt_text",
+                                         placeholder="prompt音频说的内容 What the prompt audio says")
+            with gr.Column():
+                with gr.Row(visible=False) as voice_row:
+                    voice = gr.Dropdown(_voice_ids(service), label="预设音色 Saved voice", elem_id="voice",
+                                        interactive=True, scale=4)
+                    refresh = gr.Button("🔄 刷新 Refresh", elem_id="refresh", scale=0, min_width=120)
+                with gr.Group(visible=False) as instruct_box:
+                    instruct = gr.Textbox(label="指令文本 Instruction", elem_id="instruct_text",
+                                          placeholder="例如 e.g. 用四川话说这句话 / Speak slowly and softly.")
+                    gr.Examples([[e] for e in INSTRUCT_EXAMPLES], inputs=instruct,
+                                label="指令示例 Example instructions")
+                with gr.Row():
+                    seed = gr.Number(value=0, precision=0, label="随机种子 Seed", elem_id="seed", scale=4)
+                    dice = gr.Button("🎲", elem_id="dice", scale=0, min_width=60)
+                speed = gr.Slider(0.5, 2.0, value=1.0, step=0.05, label="语速 Speed", elem_id="speed")
+                stream = gr.Checkbox(False, label="流式合成 Streaming" + ("" if can_stream else
+                                     " (needs ffmpeg on the server)"), interactive=can_stream, elem_id="stream")
+        go = gr.Button("生成音频 Generate", variant="primary", elem_id="generate")
+        status = gr.Markdown(elem_id="status")
+        with gr.Row():
+            live = gr.Audio(streaming=True, autoplay=True, interactive=False, visible=False, elem_id="live",
+                            label="流式播放 Streaming playback")
+            result = gr.Audio(type="filepath", interactive=False, label="合成结果 Result", elem_id="result")
+            download = gr.File(label="下载 Download (wav)", interactive=False, elem_id="download")
+        with gr.Accordion("保存音色 Save this voice (当前 prompt 音频与文本 the current prompt and transcript)",
+                          open=False):
+            with gr.Row():
+                new_id = gr.Textbox(label="音色名 Voice id", elem_id="new_voice_id", scale=4,
+                                    placeholder="letters, digits, _ - .")
+                save = gr.Button("保存 Save", elem_id="save_voice", scale=0, min_width=120)
+            save_status = gr.Markdown(elem_id="save_status")
+        examples = [[str(ASSETS / "zero_shot_prompt.wav"), "希望你以后能够做的比我还好呦。", "zero_shot",
+                     "收到好友从远方寄来的生日礼物，那份意外的惊喜让我心中充满了甜蜜的快乐。"],
+                    [str(ASSETS / "cross_lingual_prompt.wav"), "", "cross_lingual",
+                     "在他讲述那个荒诞故事的过程中，他突然停下来，因为他自己也被逗笑了。"]]
+        if all(Path(e[0]).is_file() for e in examples):  # assets ship with the repo, not the wheel
+            gr.Examples(examples, inputs=[prompt_wav, prompt_text, mode, text], label="示例 Examples")
+
+        mode.change(_on_mode, mode, [prompt_col, prompt_text, instruct_box, voice_row, mode_help], **PRIVATE)
+        stream.change(lambda s: gr.update(visible=bool(s)), stream, live, **PRIVATE)
+        dice.click(lambda: random.randint(1, 100_000_000), None, seed, queue=False, **PRIVATE)
+        refresh.click(lambda v: gr.update(choices=(ids := _voice_ids(service)), value=v if v in ids else None),
+                      voice, voice, queue=False, **PRIVATE)
+        blocks.load(lambda: gr.update(choices=_voice_ids(service)), None, voice, queue=False, **PRIVATE)
+        go.click(_generate(service), [mode, text, prompt_wav, prompt_text, instruct, voice, seed, speed, stream],
+                 [live, result, download, status], **PRIVATE)
+        save.click(_save_voice(service), [new_id, prompt_text, prompt_wav], [voice, save_status], **PRIVATE)
+    return blocks

@@ -1,0 +1,149 @@
+"""The WebUI in a real headless Chromium (Debian's /usr/bin/chromium driven by Playwright): every mode
+makes playable audio, saving a voice works, bad input shows a readable message.
+
+Runs in file order on one page, as a user would click through it."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import ASSETS
+from playwright.sync_api import expect
+from test_app import App
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync",
+        "--use-fake-device-for-media-stream", "--use-fake-ui-for-media-stream"]  # a beeping microphone
+ARTIFACTS = Path(__file__).parent / "artifacts"
+ZS_TEXT = "希望你以后能够做的比我还好呦。"
+# fetch a link or player source and decode it the way the browser would play it
+DECODE = """async (el) => { const r = await fetch(el.href || el.src); const buf = await r.arrayBuffer();
+  const audio = await new AudioContext().decodeAudioData(buf.slice(0));
+  return {status: r.status, bytes: buf.byteLength, seconds: audio.duration}; }"""
+DOWNLOAD = "#download a[data-testid=download-link]"
+# texts of the error and warning toasts on the page (not the info ones)
+PROBLEMS = ("Array.from(document.querySelectorAll('[data-testid=toast-body]'))"
+            ".map(t => t.innerText).filter(t => !t.startsWith('Info'))")
+
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists() or not shutil.which("ffmpeg"),
+                                reason="needs Debian's chromium and ffmpeg (apt-get install -y chromium ffmpeg)")
+
+
+@pytest.fixture(scope="module")
+def page(tiny_model_dir, tmp_path_factory):
+    from playwright.sync_api import sync_playwright
+    app = App("--model_dir", str(tiny_model_dir), "--data_dir", str(tmp_path_factory.mktemp("webui_data")))
+    try:
+        app.wait()
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+            pg = browser.new_page(viewport={"width": 1280, "height": 1400}, permissions=["microphone"])
+            pg.set_default_timeout(90_000)
+            expect.set_options(timeout=30_000)
+            pg.goto(app.url, wait_until="networkidle")
+            yield pg
+            browser.close()
+    finally:
+        app.stop()
+
+
+def uploaded(response) -> bool:
+    return "/gradio_api/upload" in response.url and response.ok
+
+
+def screenshot(page, name: str) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / name), full_page=True)
+
+
+def choose_mode(page, label: str) -> None:
+    page.locator("#mode label", has_text=label).click()
+    expect(page.locator("#mode label", has_text=label).locator("input")).to_be_checked()
+
+
+def generate(page) -> dict:
+    """Click Generate, wait for a new result, and return what the browser decodes of it."""
+    before = page.locator(DOWNLOAD).get_attribute("href") if page.locator(DOWNLOAD).count() else None
+    page.locator("#generate").click()
+    page.wait_for_function(f"([sel, before]) => {{ const a = document.querySelector(sel); "
+                           f"return (a && a.href && a.href !== before) || ({PROBLEMS}).length; }}",
+                           arg=[DOWNLOAD, before])
+    problems = page.evaluate(PROBLEMS)
+    assert not problems and page.locator("#status").inner_text().startswith("完成 Done"), problems
+    player = page.locator("#result a[data-testid=download-link]").evaluate(DECODE)
+    download = page.locator(DOWNLOAD).evaluate(DECODE)
+    assert player == download and player["status"] == 200
+    assert player["bytes"] > 1000 and player["seconds"] > 0.1
+    return player
+
+
+def test_zero_shot_with_streaming_playback(page):
+    with page.expect_response(uploaded):  # Generate waits for no upload
+        page.locator("#prompt_wav input[type=file]").set_input_files(str(ASSETS / "zero_shot_prompt.wav"))
+    page.locator("#prompt_text textarea").fill(ZS_TEXT)
+    page.locator("#tts_text textarea").fill("你好。今天天气很好。")
+    page.locator("#stream input").check()
+    generate(page)
+    # the streamed chunks play in this player (a media source fed as they arrive)
+    page.wait_for_function("() => { const a = document.querySelector('#live audio[src]'); "
+                           "return a && a.src.startsWith('blob:') && a.error === null && a.duration > 0; }")
+    page.locator("#stream input").uncheck()
+
+
+def test_cross_lingual_from_the_example(page):
+    page.get_by_text("cross_lingual_prompt.wav", exact=True).click()  # sets prompt, mode and text
+    expect(page.locator("#mode label", has_text="跨语种复刻").locator("input")).to_be_checked()
+    expect(page.locator("#prompt_text")).to_be_hidden()  # cross-lingual needs no transcript
+    page.locator("#tts_text textarea").fill("Hello, nice to meet you.")
+    generate(page)
+
+
+def test_instruct_with_an_example_instruction(page):
+    choose_mode(page, "自然语言控制")
+    page.get_by_text("用四川话说这句话", exact=True).click()  # the examples fill the instruction
+    expect(page.locator("#instruct_text textarea")).to_have_value("用四川话说这句话")
+    page.locator("#tts_text textarea").fill("你好。")
+    generate(page)
+
+
+def test_instruct_with_a_recorded_prompt(page):
+    page.locator("#prompt_wav button[aria-label=Clear]").click()
+    page.locator("#prompt_wav button[aria-label='Record audio']").click()
+    page.locator("#prompt_wav button", has_text="Record").first.click()
+    page.wait_for_timeout(3500)  # 3.5 s of the fake microphone
+    with page.expect_response(uploaded):
+        page.locator("#prompt_wav button", has_text="Stop").first.click()
+    expect(page.locator("#prompt_wav")).to_contain_text("0:03")  # the recording is the prompt now
+    generate(page)
+
+
+def test_save_voice_then_use_it(page):
+    page.get_by_text("zero_shot_prompt.wav", exact=True).click()  # the zero-shot example: prompt + transcript
+    expect(page.locator("#prompt_text textarea")).to_have_value(ZS_TEXT)
+    page.get_by_text("保存音色 Save this voice").click()
+    page.locator("#new_voice_id textarea, #new_voice_id input").first.fill("webui-voice")
+    page.locator("#save_voice").click()
+    page.locator("#save_status", has_text="webui-voice").wait_for()
+    choose_mode(page, "预设音色")
+    expect(page.locator("#voice input")).to_have_value("webui-voice")
+    page.locator("#tts_text textarea").fill("你好。")
+    generate(page)
+    screenshot(page, "webui.png")
+
+
+def test_bad_input_shows_a_readable_message(page):
+    choose_mode(page, "3s极速复刻")
+    page.locator("#tts_text textarea").fill("")
+    page.locator("#generate").click()
+    toast = page.locator("[data-testid=toast-body]", has_text="text is empty")
+    toast.wait_for()
+    page.locator("#status", has_text="出错 Error: text is empty").wait_for()
+    assert "Traceback" not in page.content()
+    page.locator("#new_voice_id textarea, #new_voice_id input").first.fill("../../etc/passwd")
+    page.locator("#save_voice").click()
+    page.locator("[data-testid=toast-body]", has_text="invalid voice id").wait_for()
+    page.locator("#save_status", has_text="出错 Error: invalid voice id").wait_for()
+    assert "Traceback" not in page.content()
+    screenshot(page, "webui-errors.png")
