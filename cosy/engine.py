@@ -87,9 +87,8 @@ class Engine:
         md = ModelDir(model_dir)
         text = TextFrontend(TextTokenizer.from_dir(md.file(QWEN_DIR)), ttsfrd_dir)
         if llm_base_url:
-            sampling = SamplingParams(**vars(md.config.sampling))
             lm: SpeechTokenLM = connect(llm_base_url, llm_api_key, served_model_name(llm_fingerprint(md.path)),
-                                        sampling)
+                                        md.config.sampling)
             prompt_embeds = PromptEmbedder.from_model_dir(md)
         else:
             lm = SpeechLM.from_model_dir(md, device=device, dtype=dtype)

@@ -25,13 +25,15 @@ _EXPECTED = {
 
 
 @dataclass
-class SamplingConfig:
-    """RAS sampling parameters of the LM (`llm.sampling`)."""
+class SamplingParams:
+    """RAS sampling of the LM (`llm.sampling` in the yaml), plus per-request switches."""
 
     top_p: float = 0.8
     top_k: int = 25
     win_size: int = 10
     tau_r: float = 0.1
+    greedy: bool = False  # argmax instead of RAS (tests, comparisons with other engines)
+    ignore_stop: bool = False  # never stop before max_len (benchmarks with fixed token counts)
 
 
 @dataclass
@@ -43,7 +45,7 @@ class ModelConfig:
     chunk_size: int  # streaming chunk in speech tokens
     llm_input_size: int
     speech_token_size: int
-    sampling: SamplingConfig
+    sampling: SamplingParams  # RAS parameters of `llm.sampling`
     flow: FlowConfig
     hift: HiFTConfig
 
@@ -140,9 +142,9 @@ def read_model_config(yaml_path: str | Path) -> ModelConfig:
             chunk_size=int(doc.get("chunk_size", 25)),
             llm_input_size=int(llm["llm_input_size"]),
             speech_token_size=int(llm["speech_token_size"]),
-            sampling=SamplingConfig(**{k: sampling.get(k, getattr(SamplingConfig, k))
+            sampling=SamplingParams(**{k: sampling.get(k, getattr(SamplingParams, k))
                                        for k in ("top_p", "top_k", "win_size", "tau_r")})
-            if isinstance(sampling, Tagged) else SamplingConfig(),
+            if isinstance(sampling, Tagged) else SamplingParams(),
             flow=_flow_config(doc),
             hift=_hift_config(doc),
         )

@@ -56,11 +56,8 @@ class SpeechLM(nn.Module):
             cfg = read_lm_config(qwen_config, mc.llm_input_size, mc.speech_token_size)
         except ValueError as e:
             raise ModelDirError(str(e)) from None
-        s = mc.sampling
-        params = SamplingParams(top_p=float(s.top_p), top_k=int(s.top_k), win_size=int(s.win_size),
-                                tau_r=float(s.tau_r))
         with torch.device("meta"):  # no wasted random init of ~0.5 G parameters
-            lm = cls(cfg, params)
+            lm = cls(cfg, mc.sampling)
         sd = md.state_dict(LLM)
         sd.pop(LM_HEAD_KEY, None)
         if torch.device(device).type == "cpu" and all(v.dtype == dtype for v in sd.values()):

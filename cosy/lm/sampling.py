@@ -15,24 +15,14 @@ Randomness comes only from the caller's torch.Generator (the official code uses 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 from torch import Tensor
 
+from cosy.model_config import SamplingParams
+
 EOS = 6561
 STOP_TOKENS = (6561, 6562, 6563)
-
-
-@dataclass
-class SamplingParams:
-    top_p: float = 0.8
-    top_k: int = 25
-    win_size: int = 10
-    tau_r: float = 0.1
-    greedy: bool = False  # argmax instead of RAS (tests, comparisons with other engines)
-    ignore_stop: bool = False  # never stop before max_len (benchmarks with fixed token counts)
 
 
 def _scores(logits: Tensor, mask_eos: bool) -> Tensor:
