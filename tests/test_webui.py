@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import ASSETS
 from playwright.sync_api import expect
-from test_app import App
+from servers import App
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
