@@ -44,7 +44,8 @@ class Backend:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, str(BACKEND), "--model_dir", str(self.model_dir), "--host", "127.0.0.1",
-                 "--port", str(self.port), "--api_key", self.api_key, "--cache_dir", str(self.cache_dir)],
+                 "--port", str(self.port), "--api_key", self.api_key, "--cache_dir", str(self.cache_dir),
+                 "--max_model_len", "32768"],
                 stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True, cwd=ROOT)
         lines: queue.Queue[str | None] = queue.Queue()
 
@@ -78,6 +79,20 @@ class Backend:
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)  # vLLM, in its own group, gets SIGTERM on our death
             return self.proc.wait()
+
+    def crash(self) -> None:
+        """SIGKILL the backend and every process under it at once, as a machine failure would."""
+        import psutil
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        procs = [psutil.Process(self.proc.pid), *psutil.Process(self.proc.pid).children(recursive=True)]
+        for p in procs:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(procs, timeout=30)
+        self.proc.wait()
 
     def log_tail(self, n: int = 40) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
