@@ -1,21 +1,15 @@
 """The frontend's LM client against things that are not a working backend: clear errors, no hangs."""
 from __future__ import annotations
 
-import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import torch
+from servers import free_port
 
 from cosy.lm.pool import BackendPool
 from cosy.lm.remote import BackendError, BackendUnavailable, RemoteLM, encode_prompt_embeds
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class _FakeFrontend(BaseHTTPRequestHandler):
