@@ -52,3 +52,6 @@ def backend(tiny_model_dir, tmp_path_factory):
         yield b
     finally:
         b.stop()
+
+
+from http_stack import stack  # noqa: E402,F401 -- the HTTP API tests' module-scoped server fixture
