@@ -33,9 +33,6 @@ class FlowPrompt:
     mel: Tensor
     embedding: Tensor
 
-    @classmethod
-    def empty(cls, mel_bins: int = 80, spk_dim: int = 192) -> "FlowPrompt":
-        return cls(torch.zeros(1, 0, dtype=torch.int32), torch.zeros(1, 0, mel_bins), torch.zeros(1, spk_dim))
 
 
 def crossfade(head: Tensor, previous_tail: Tensor, window: Tensor) -> Tensor:
