@@ -34,7 +34,6 @@ class FlowPrompt:
     embedding: Tensor
 
 
-
 def crossfade(head: Tensor, previous_tail: Tensor, window: Tensor) -> Tensor:
     """Blend the first len(window)//2 samples of `head` (B, N) with `previous_tail` (B, >= len//2).
 
