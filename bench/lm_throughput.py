@@ -29,7 +29,7 @@ from cosy.lm.export import llm_fingerprint, served_model_name  # noqa: E402
 from cosy.lm.model import SpeechLM  # noqa: E402
 from cosy.lm.prompt import PromptEmbedder  # noqa: E402
 from cosy.lm.remote import RemoteLM  # noqa: E402
-from cosy.random_model import write_random_model  # noqa: E402
+from cosy.verify.random_model import write_random_model  # noqa: E402
 
 
 def prompt(embedder, n_text: int = 30, n_prompt_text: int = 12, n_speech: int = 87):

@@ -10,7 +10,8 @@ Public API of the speech core:
     wav = t2w(tokens, prompt, speed=1.0)     # both at once
     s = t2w.stream(prompt); chunks = s.push(new_tokens); last = s.finish()
 """
-from cosy.load import load_flow, load_hift, load_token2wav
-from cosy.token2wav import FlowPrompt, Token2Wav, Token2WavStream
+from cosy.model.load import load_flow, load_hift
+from cosy.pipeline.token2wav import load_token2wav
+from cosy.pipeline.token2wav import FlowPrompt, Token2Wav, Token2WavStream
 
 __all__ = ["FlowPrompt", "Token2Wav", "Token2WavStream", "load_flow", "load_hift", "load_token2wav"]

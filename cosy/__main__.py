@@ -16,10 +16,10 @@ from pathlib import Path
 import soundfile as sf
 
 from cosy.audio.io import AudioError
-from cosy.engine import MODES, Engine, SynthesisError, SynthesisRequest
+from cosy.pipeline.engine import MODES, Engine, SynthesisError, SynthesisRequest
 from cosy.lm.remote import BackendError
-from cosy.model_dir import ModelDirError
-from cosy.voices import VoiceError, VoiceStore
+from cosy.model.files import ModelDirError
+from cosy.deploy.voices import VoiceError, VoiceStore
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -30,13 +30,13 @@ def reference_shapes(section: str) -> dict[str, tuple[int, ...]]:
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
-    from cosy.random_model import write_random_model
+    from cosy.verify.random_model import write_random_model
     return write_random_model(tmp_path_factory.mktemp("tiny"), "tiny", seed=1)
 
 
 @pytest.fixture(scope="session")
 def full_model_dir(tmp_path_factory) -> Path:
-    from cosy.random_model import write_random_model
+    from cosy.verify.random_model import write_random_model
     return write_random_model(tmp_path_factory.mktemp("full"), "full", seed=0)
 
 

@@ -27,7 +27,7 @@ from servers import BACKEND, READY, Backend, free_port
 from cosy.lm import STOP_TOKENS, SamplingParams, SpeechLM, ras_distribution
 from cosy.lm import export as export_mod
 from cosy.lm.export import export_for_vllm, llm_fingerprint, served_model_name
-from cosy.model_dir import LLM, QWEN_DIR, YAML
+from cosy.model.files import LLM, QWEN_DIR, YAML
 
 ROOT = Path(__file__).resolve().parents[1]
 ALPHA = 1e-3  # significance level of the sampling tests: a correct sampler fails each with probability 1e-3

@@ -11,11 +11,11 @@ import torch
 from conftest import GOLDEN
 from safetensors.torch import load_file, save_file
 
-from cosy.load import load_flow, load_hift
+from cosy.model.load import load_flow, load_hift
 
 
 def golden_check(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cosy.golden_check", *map(str, args)],
+    return subprocess.run([sys.executable, "-m", "cosy.verify.golden_check", *map(str, args)],
                           capture_output=True, text=True, timeout=600)
 
 

@@ -15,8 +15,8 @@ from safetensors.torch import load_file
 
 from cosy.lm import EOS, LMConfig, SamplingParams, SpeechLM, ras_distribution, ras_sample
 from cosy.lm.model import LM_HEAD_KEY
-from cosy.model_dir import ModelDirError
-from cosy.random_model.llm import write_llm_pt
+from cosy.model.files import ModelDirError
+from cosy.verify.random_model.llm import write_llm_pt
 
 TINY = dict(hidden=64, n_layers=2, n_heads=2, n_kv_heads=1, intermediate=128)
 ALPHA = 1e-3  # significance level of the chi-square goodness-of-fit tests (fixed seeds: deterministic)

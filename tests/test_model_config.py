@@ -8,9 +8,9 @@ import pytest
 import torch
 from conftest import GOLDEN
 
-from cosy.hyperyaml import Tagged, load_hyperyaml
-from cosy.model_config import read_model_config
-from cosy.model_dir import ModelDir, ModelDirError
+from cosy.model.hyperyaml import Tagged, load_hyperyaml
+from cosy.model.config import read_model_config
+from cosy.model.files import ModelDir, ModelDirError
 
 
 def test_golden_yaml_values():

@@ -12,9 +12,9 @@ import torch
 from conftest import ASSETS
 
 from cosy.audio import AudioError, load_prompt_wav, whisper_log_mel
-from cosy.model_dir import ModelDirError
+from cosy.model.files import ModelDirError
 from cosy.prompt import PromptFeatures, VoicePromptEncoder, align
-from cosy.random_model.onnx_models import write_campplus_onnx, write_speech_tokenizer_onnx
+from cosy.verify.random_model.onnx_models import write_campplus_onnx, write_speech_tokenizer_onnx
 
 PROMPTS = {"zero_shot": (87, 348), "cross_lingual": (343, 1374)}  # aligned tokens, Whisper frames
 

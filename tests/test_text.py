@@ -65,7 +65,7 @@ def test_tokenizer_dir_errors(tmp_path):
 
 
 def test_written_tokenizer_dir_matches_golden(tmp_path):
-    from cosy.random_model.tokenizer_dir import write_tokenizer_dir
+    from cosy.verify.random_model.tokenizer_dir import write_tokenizer_dir
 
     out = tmp_path / "CosyVoice-BlankEN"
     write_tokenizer_dir(out, llm_hidden=64, n_layers=2, n_heads=2, n_kv_heads=1, intermediate=128)

@@ -10,7 +10,7 @@ from conftest import GOLDEN
 from safetensors.torch import load_file
 
 from cosy import FlowPrompt, load_token2wav
-from cosy.token2wav import MelStretcher
+from cosy.pipeline.token2wav import MelStretcher
 
 CASES = load_file(GOLDEN / "cases.safetensors")
 SPF = 480  # samples per mel frame

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from cosy.prompt.encoder import PromptFeatures
-from cosy.voices import VoiceError, VoiceStore
+from cosy.deploy.voices import VoiceError, VoiceStore
 
 
 def features() -> PromptFeatures:

@@ -25,8 +25,8 @@ import numpy as np
 
 from cosy.audio.io import MAX_PROMPT_SECONDS
 from cosy.frontend.service import FrontendService, ServiceError, wav_bytes
-from cosy.voices import VoiceError, check_voice_id
-from launch.data_dir import upload_extension, write_atomic
+from cosy.deploy.voices import VoiceError, check_voice_id
+from cosy.deploy.data_dir import upload_extension, write_atomic
 
 AUDIO_FILE, META_FILE = "reference.wav", "reference.json"
 PCM_DEFAULT_RATE = 16000

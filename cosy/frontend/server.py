@@ -24,7 +24,7 @@ from cosy.service.workers import EngineSpec, WorkerPool  # noqa: E402
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    from launch.models import DEFAULT_MODEL
+    from cosy.deploy.models import DEFAULT_MODEL
     p = argparse.ArgumentParser(prog="app.py", description="cosy frontend: CosyVoice2 WebUI and APIs")
     p.add_argument("--model_dir", default=DEFAULT_MODEL,
                    help=f"model directory (local or NAS path) or ModelScope id, downloaded into DATA_DIR/models "
@@ -92,8 +92,8 @@ def default_device() -> str:
 
 def build_service(args: argparse.Namespace) -> FrontendService:
     """Resolve the model (downloading it once if it is a hub id), open the data dir, start the workers."""
-    from launch.data_dir import DataDir
-    from launch.models import resolve_model_dir, resolve_ttsfrd_dir
+    from cosy.deploy.data_dir import DataDir
+    from cosy.deploy.models import resolve_model_dir, resolve_ttsfrd_dir
 
     data = DataDir(args.data_dir)
     model_dir = resolve_model_dir(args.model_dir, data.models_root)

@@ -16,7 +16,7 @@ import numpy as np
 import soundfile as sf
 
 from cosy.service.workers import JobError, QueueFull, WorkerPool
-from cosy.voices import VoiceError
+from cosy.deploy.voices import VoiceError
 
 MODES = ("zero_shot", "cross_lingual", "instruct", "voice")
 
@@ -44,7 +44,7 @@ def wav_bytes(audio: np.ndarray, sample_rate: int) -> bytes:
 
 class FrontendService:
     def __init__(self, pool: WorkerPool, data_dir):
-        self.pool, self.data = pool, data_dir  # data_dir: launch.data_dir.DataDir
+        self.pool, self.data = pool, data_dir  # data_dir: cosy.deploy.data_dir.DataDir
 
     @property
     def sample_rate(self) -> int:
@@ -94,7 +94,7 @@ class FrontendService:
         if not (prompt_text or "").strip():
             raise ServiceError("a saved voice needs the prompt's transcript (prompt_text)")
         try:
-            from cosy.voices import check_voice_id
+            from cosy.deploy.voices import check_voice_id
             check_voice_id(voice_id)
             features = self.pool.prompt_features(str(prompt_wav))
             v = self.data.voices.save(voice_id, prompt_text.strip(), features, overwrite=overwrite)

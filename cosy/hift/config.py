@@ -1,6 +1,6 @@
 """Hyperparameters of the HiFT vocoder (official `HiFTGenerator` + `ConvRNNF0Predictor`).
 
-Defaults are the published CosyVoice2 full-size values; `cosy.model_config` fills them from the yaml.
+Defaults are the published CosyVoice2 full-size values; `cosy.model.config` fills them from the yaml.
 """
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from filelock import FileLock
 from safetensors.torch import save_file
 
-from cosy.model_dir import LLM, QWEN_DIR, ModelDir, ModelDirError
+from cosy.model.files import LLM, QWEN_DIR, ModelDir, ModelDirError
 
 ARCHITECTURE = "CosyVoice2ForCausalLM"
 WEIGHTS = "model.safetensors"

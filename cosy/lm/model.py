@@ -18,7 +18,7 @@ from cosy.lm.config import LMConfig, read_lm_config
 from cosy.lm.prompt import build_prompt_embeds
 from cosy.lm.qwen2 import KVCache, Linear, Qwen2Encoder, RotaryTable
 from cosy.lm.sampling import STOP_TOKENS, SamplingParams, ras_sample
-from cosy.model_dir import LLM, QWEN_DIR, ModelDir, ModelDirError, load_strict
+from cosy.model.files import LLM, QWEN_DIR, ModelDir, ModelDirError, load_strict
 
 LM_HEAD_KEY = "llm.model.lm_head.weight"  # tied copy of embed_tokens in llm.pt; never used
 MIN_TOKEN_TEXT_RATIO, MAX_TOKEN_TEXT_RATIO = 2, 20

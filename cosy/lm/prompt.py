@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from cosy.model_dir import LLM, ModelDir
+from cosy.model.files import LLM, ModelDir
 
 SOS, TASK_ID = 0, 1  # rows of llm_embedding
 TABLES = {"llm_embedding": "llm_embedding.weight", "embed_tokens": "llm.model.model.embed_tokens.weight",

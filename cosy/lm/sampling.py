@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from cosy.model_config import SamplingParams
+from cosy.model.config import SamplingParams
 
 EOS = 6561
 STOP_TOKENS = (6561, 6562, 6563)

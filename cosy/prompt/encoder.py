@@ -18,7 +18,7 @@ import torch
 from cosy.audio.features import flow_mel, kaldi_fbank, whisper_log_mel
 from cosy.audio.io import MAX_PROMPT_SECONDS, AudioError, AudioSource, load_prompt
 from cosy.audio.resample import resample
-from cosy.model_dir import CAMPPLUS, SPEECH_TOKENIZER, ModelDirError
+from cosy.model.files import CAMPPLUS, SPEECH_TOKENIZER, ModelDirError
 from cosy.prompt.onnx_models import SpeakerEmbedder, SpeechTokenizer
 
 TOKENIZER_SR = 16000

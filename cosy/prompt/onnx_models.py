@@ -16,7 +16,7 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from cosy.model_dir import ModelDirError
+from cosy.model.files import ModelDirError
 
 SPEECH_TOKEN_CLASSES = 6561
 EMBED_DIM = 192

@@ -67,7 +67,7 @@ def _worker_main(spec: EngineSpec, conn) -> None:
     """Worker process: build the engine, then run one job at a time from the dispatcher."""
     import torch
 
-    from cosy.engine import Engine, SynthesisRequest
+    from cosy.pipeline.engine import Engine, SynthesisRequest
     from cosy.prompt.encoder import PromptFeatures
 
     torch.set_num_threads(spec.threads or max(1, (os.cpu_count() or 1)))
@@ -216,7 +216,7 @@ class WorkerPool:
             job.cancelled.set()  # no-op when finished; stops the worker when the caller went away
 
     def synthesize(self, **request) -> Iterator[np.ndarray]:
-        """Submit a synthesis (the fields of `cosy.engine.SynthesisRequest`; `voice` as PromptFeatures);
+        """Submit a synthesis (the fields of `cosy.pipeline.engine.SynthesisRequest`; `voice` as PromptFeatures);
         yield (N,) float32 chunks at `sample_rate`."""
         voice = request.get("voice")
         if voice is not None:

@@ -3,7 +3,7 @@ the logits processor that gives vLLM's sampler CosyVoice2's exact sampling (`cos
 
 `register` is the `vllm.general_plugins` entry point: vLLM calls it in each of its processes (API server,
 engine core, workers), maybe several times. vLLM is imported only inside, so `import cosy` never pulls it in.
-The logits processor is not an entry point: `cosy.backend` names it with `--logits-processors` (see there).
+The logits processor is not an entry point: `cosy.deploy.backend` names it with `--logits-processors` (see there).
 """
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ before greedy argmax too: greedy (temperature 0) requests get the min_len mask.
 Each request's history is the live `output_tok_ids` list vLLM hands over in `BatchUpdate.added`. Under
 async scheduling (vLLM's default on GPUs) that list holds -1 placeholders unless vLLM knows a custom
 processor needs the ids: it knows only for processors named by `--logits-processors`, which is why
-`cosy.backend` loads this class that way instead of through the `vllm.logits_processors` entry point.
+`cosy.deploy.backend` loads this class that way instead of through the `vllm.logits_processors` entry point.
 """
 from __future__ import annotations
 

@@ -16,12 +16,12 @@ import torch
 from cosy.flow.model import FlowModel
 from cosy.hift.generator import HiFTGenerator
 from cosy.hift.weights import unfold_weight_norm, weight_normed_keys
-from cosy.model_config import read_model_config
-from cosy.model_dir import CAMPPLUS, LLM, QWEN_DIR, SPEECH_TOKENIZER
-from cosy.random_model.llm import write_llm_pt
-from cosy.random_model.onnx_models import write_campplus_onnx, write_speech_tokenizer_onnx
-from cosy.random_model.sizes import SIZES
-from cosy.random_model.tokenizer_dir import write_tokenizer_dir
+from cosy.model.config import read_model_config
+from cosy.model.files import CAMPPLUS, LLM, QWEN_DIR, SPEECH_TOKENIZER
+from cosy.verify.random_model.llm import write_llm_pt
+from cosy.verify.random_model.onnx_models import write_campplus_onnx, write_speech_tokenizer_onnx
+from cosy.verify.random_model.sizes import SIZES
+from cosy.verify.random_model.tokenizer_dir import write_tokenizer_dir
 
 __all__ = ["write_random_model", "SIZES"]
 

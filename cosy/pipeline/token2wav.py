@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +19,8 @@ from torch import Tensor
 
 from cosy.flow.model import FlowModel
 from cosy.hift.generator import HiFTGenerator
+from cosy.model.files import ModelDir
+from cosy.model.load import as_model_dir, load_flow, load_hift
 
 MEL_CACHE_FRAMES = 8  # mel frames HiFT re-decodes at the start of the next chunk
 
@@ -201,3 +204,14 @@ class Token2WavStream:
             self.cache = (mel[:, :, -MEL_CACHE_FRAMES:], source[:, :, -n:], speech[:, -n:])
             speech = speech[:, :-n]
         return speech[0].float().cpu()
+
+
+def load_token2wav(model_dir: str | Path | ModelDir, device: str | torch.device = "cpu",
+                   dtype: torch.dtype = torch.float32) -> Token2Wav:
+    """Flow + HiFT of a model directory, ready for `Token2Wav.__call__` or `.stream()`.
+
+    `dtype` applies to the flow; HiFT stays float32 (its phase accumulation needs it).
+    """
+    md = as_model_dir(model_dir)
+    return Token2Wav(load_flow(md, device, dtype), load_hift(md, device),
+                     hop_len=md.config.chunk_size, max_hop_len=4 * md.config.chunk_size)

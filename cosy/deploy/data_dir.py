@@ -2,8 +2,8 @@
 
     data = DataDir("/nas/cosy")
     path = data.save_upload(wav_bytes, "prompt.wav")   # uploads/<sha256>.wav, written atomically
-    data.voices.save("alice", text, features)          # voices/alice/ (cosy.voices.VoiceStore)
-    model = resolve_model_dir(spec, data.models_root)  # models/<owner>/<name> (launch.models)
+    data.voices.save("alice", text, features)          # voices/alice/ (cosy.deploy.voices.VoiceStore)
+    model = resolve_model_dir(spec, data.models_root)  # models/<owner>/<name> (cosy.deploy.models)
     data.fine_tuned("my-voice-ft")                     # models/my-voice-ft, checked complete
 
 Every file appears under its final name only when complete (written under a hidden temporary name in
@@ -17,8 +17,8 @@ import os
 import tempfile
 from pathlib import Path, PurePosixPath
 
-from cosy.model_dir import ModelDir, ModelDirError
-from cosy.voices import VOICE_ID, VoiceStore
+from cosy.model.files import ModelDir, ModelDirError
+from cosy.deploy.voices import VOICE_ID, VoiceStore
 
 UPLOAD_EXTENSIONS = frozenset({"wav", "mp3", "flac", "ogg", "opus", "aac", "m4a", "pcm", "webm"})
 MAX_UPLOAD_BYTES = 20 * 1024 * 1024

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from cosy.model_config import ModelConfig, read_model_config
+from cosy.model.config import ModelConfig, read_model_config
 
 YAML = "cosyvoice2.yaml"
 LLM = "llm.pt"

@@ -27,12 +27,12 @@ from cosy.lm.model import SpeechLM
 from cosy.lm.pool import connect
 from cosy.lm.prompt import PromptEmbedder
 from cosy.lm.sampling import SamplingParams
-from cosy.load import load_token2wav
-from cosy.model_dir import QWEN_DIR, ModelDir
+from cosy.pipeline.token2wav import load_token2wav
+from cosy.model.files import QWEN_DIR, ModelDir
 from cosy.prompt.encoder import PromptFeatures, VoicePromptEncoder
 from cosy.text.frontend import TextFrontend
 from cosy.text.tokenizer import ENDOFPROMPT_ID, TextTokenizer
-from cosy.token2wav import FlowPrompt, Token2Wav
+from cosy.pipeline.token2wav import FlowPrompt, Token2Wav
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""How each kind of golden case is recomputed with our code (used by `cosy.golden_check`).
+"""How each kind of golden case is recomputed with our code (used by `cosy.verify.golden_check`).
 
 A handler takes the golden directory and one case and returns our value for each of the case's outputs:
 a tensor (compared with the stored tensor, or its windows and checksums), or a plain value (compared
@@ -17,8 +17,8 @@ from torch import Tensor
 from cosy.audio.features import flow_mel, kaldi_fbank, whisper_log_mel
 from cosy.audio.io import load_prompt_wav
 from cosy.lm.model import SpeechLM
-from cosy.load import load_flow, load_hift
-from cosy.model_dir import ModelDir
+from cosy.model.load import load_flow, load_hift
+from cosy.model.files import ModelDir
 from cosy.text.frontend import TextFrontend
 from cosy.text.tokenizer import TextTokenizer
 

@@ -8,18 +8,17 @@ import torch
 from cosy.flow.model import FlowModel
 from cosy.hift.generator import HiFTGenerator
 from cosy.hift.weights import fold_weight_norm
-from cosy.model_dir import FLOW, HIFT, ModelDir, load_strict
-from cosy.token2wav import Token2Wav
+from cosy.model.files import FLOW, HIFT, ModelDir, load_strict
 
 
-def _as_dir(model_dir: str | Path | ModelDir) -> ModelDir:
+def as_model_dir(model_dir: str | Path | ModelDir) -> ModelDir:
     return model_dir if isinstance(model_dir, ModelDir) else ModelDir(model_dir)
 
 
 def load_flow(model_dir: str | Path | ModelDir, device: str | torch.device = "cpu",
               dtype: torch.dtype = torch.float32) -> FlowModel:
     """flow.pt -> FlowModel in eval mode (speech tokens + prompt -> mel)."""
-    md = _as_dir(model_dir)
+    md = as_model_dir(model_dir)
     with torch.device("meta"):  # no random init: every parameter comes from flow.pt
         flow = FlowModel(md.config.flow)
     # the file's (memory-mapped) tensors become the parameters; .to() copies only when it must
@@ -32,18 +31,7 @@ def load_hift(model_dir: str | Path | ModelDir, device: str | torch.device = "cp
 
     Weight norm is folded into plain weights at load, so inference does no normalisation work.
     """
-    md = _as_dir(model_dir)
+    md = as_model_dir(model_dir)
     hift = HiFTGenerator(md.config.hift)
     load_strict(hift, fold_weight_norm(md.state_dict(HIFT)), md.file(HIFT))
     return hift.to(device).eval()
-
-
-def load_token2wav(model_dir: str | Path | ModelDir, device: str | torch.device = "cpu",
-                   dtype: torch.dtype = torch.float32) -> Token2Wav:
-    """Flow + HiFT of a model directory, ready for `Token2Wav.__call__` or `.stream()`.
-
-    `dtype` applies to the flow; HiFT stays float32 (its phase accumulation needs it).
-    """
-    md = _as_dir(model_dir)
-    return Token2Wav(load_flow(md, device, dtype), load_hift(md, device),
-                     hop_len=md.config.chunk_size, max_hop_len=4 * md.config.chunk_size)

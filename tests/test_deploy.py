@@ -1,4 +1,4 @@
-"""launch.models (model dir resolution, downloads once under a lock) and launch.data_dir (shared --data_dir)."""
+"""cosy.deploy.models (model dir resolution, downloads once under a lock) and cosy.deploy.data_dir (shared --data_dir)."""
 from __future__ import annotations
 
 import functools
@@ -19,11 +19,11 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # launch/ is not installed; spawned workers import this module too
     sys.path.insert(0, str(ROOT))
 
-from cosy.model_dir import ALL_FILES, FLOW, HIFT, LLM, YAML, ModelDir, ModelDirError  # noqa: E402
+from cosy.model.files import ALL_FILES, FLOW, HIFT, LLM, YAML, ModelDir, ModelDirError  # noqa: E402
 from cosy.prompt.encoder import PromptFeatures  # noqa: E402
-from cosy.voices import VoiceError  # noqa: E402
-from launch.data_dir import DataDir  # noqa: E402
-from launch.models import MARKER, cache_dir, resolve_model_dir, resolve_ttsfrd_dir  # noqa: E402
+from cosy.deploy.voices import VoiceError  # noqa: E402
+from cosy.deploy.data_dir import DataDir  # noqa: E402
+from cosy.deploy.models import MARKER, cache_dir, resolve_model_dir, resolve_ttsfrd_dir  # noqa: E402
 
 MODEL_ID = "iic/CosyVoice2-0.5B"
 
@@ -170,7 +170,7 @@ def test_real_download_offline_says_how_to_point_at_a_local_dir(tmp_path):
            "MODELSCOPE_REPO_TREE_PAGE_MAX_ATTEMPTS": "1", "MODELSCOPE_CACHE": str(tmp_path / "ms"),
            "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"),
            "PYTHONPATH": str(ROOT)}
-    code = ("import sys; from pathlib import Path; from launch.models import resolve_model_dir\n"
+    code = ("import sys; from pathlib import Path; from cosy.deploy.models import resolve_model_dir\n"
             "try: resolve_model_dir('iic/CosyVoice2-0.5B', Path(sys.argv[1]), progress=False)\n"
             "except Exception as e: print(type(e).__name__, e)\n")
     t0 = time.monotonic()

@@ -25,7 +25,7 @@ from typing import Callable
 
 from filelock import FileLock, Timeout
 
-from cosy.model_dir import ALL_FILES, ModelDir, ModelDirError
+from cosy.model.files import ALL_FILES, ModelDir, ModelDirError
 
 DEFAULT_MODEL = "iic/CosyVoice2-0.5B"
 TTSFRD_MODEL = "iic/CosyVoice-ttsfrd"

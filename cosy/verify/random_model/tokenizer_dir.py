@@ -19,7 +19,7 @@ BPE_FILES = ("vocab.json", "merges.txt")
 QWEN2_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # ids 151643.. after the 151643 BPE tokens
 FIRST_SPECIAL_ID = 151643
 
-README = """# CosyVoice-BlankEN (written by cosy.random_model)
+README = """# CosyVoice-BlankEN (written by cosy.verify.random_model)
 
 Tokenizer and Qwen2 configuration for a random-weight CosyVoice2 model directory.
 

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from cosy.lm.export import WEIGHTS, export_for_vllm, llm_fingerprint, served_model_name
-from cosy.model_dir import ModelDirError
+from cosy.model.files import ModelDirError
 from cosy.vllm_plugin import LOGITS_PROCESSOR
 
 API_KEY_ENV = "COSY_LLM_API_KEY"

@@ -11,7 +11,7 @@ from typing import Any
 
 from cosy.flow.config import CFMConfig, EncoderConfig, EstimatorConfig, FlowConfig
 from cosy.hift.config import HiFTConfig
-from cosy.hyperyaml import Tagged, load_hyperyaml
+from cosy.model.hyperyaml import Tagged, load_hyperyaml
 
 # The official classes whose arguments we read (last component of the tag's dotted name).
 _EXPECTED = {
