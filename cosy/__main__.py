@@ -15,11 +15,10 @@ from pathlib import Path
 
 import soundfile as sf
 
-from cosy.audio.io import AudioError
-from cosy.pipeline.engine import MODES, Engine, SynthesisError, SynthesisRequest
-from cosy.lm.remote import BackendError
-from cosy.model.files import ModelDirError
-from cosy.deploy.voices import VoiceError, VoiceStore
+from cosy.deploy.voices import VoiceStore
+from cosy.errors import CosyError
+from cosy.pipeline.engine import Engine
+from cosy.pipeline.request import MODES, SPEED_RANGE, SynthesisError, SynthesisRequest
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -35,7 +34,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--save_voice", metavar="ID", help="also save --prompt_wav/--prompt_text as voice ID")
     p.add_argument("--data_dir", default="data", help="where saved voices live (DATA_DIR/voices)")
     p.add_argument("--stream", action="store_true", help="synthesize in streaming chunks")
-    p.add_argument("--speed", type=float, default=1.0, help="0.5 to 2.0")
+    p.add_argument("--speed", type=float, default=1.0, help=f"{SPEED_RANGE[0]} to {SPEED_RANGE[1]}")
     p.add_argument("--seed", type=int, help="same seed + same inputs = same audio")
     p.add_argument("--greedy", action="store_true", help="argmax decoding instead of RAS sampling "
                    "(to compare the embedded LM with a backend)")
@@ -75,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
                 first = first or time.perf_counter() - start
                 out.write(chunk.numpy())
                 samples += chunk.numel()
-    except (SynthesisError, AudioError, VoiceError, ModelDirError, BackendError) as e:
+    except CosyError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     took = time.perf_counter() - start

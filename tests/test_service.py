@@ -7,7 +7,9 @@ import time
 import pytest
 from conftest import ASSETS
 
-from cosy.service.workers import EngineSpec, JobError, QueueFull, WorkerPool
+from cosy.errors import JobError
+from cosy.pipeline.request import SynthesisRequest
+from cosy.service.workers import EngineSpec, QueueFull, WorkerPool
 
 ZS_WAV = str(ASSETS / "zero_shot_prompt.wav")
 ZS_TEXT = "希望你以后能够做的比我还好呦。"
@@ -21,8 +23,8 @@ def pool(tiny_model_dir):
     p.close()
 
 
-def request(**kw):
-    return {**dict(mode="zero_shot", text=LONG, prompt_text=ZS_TEXT, prompt_wav=ZS_WAV, seed=1), **kw}
+def request(**kw) -> SynthesisRequest:
+    return SynthesisRequest(**{**dict(mode="zero_shot", text=LONG, prompt_text=ZS_TEXT, prompt_wav=ZS_WAV, seed=1), **kw})
 
 
 def test_two_workers_serve_two_requests_at_once(pool):
@@ -30,7 +32,7 @@ def test_two_workers_serve_two_requests_at_once(pool):
 
     def run(name):
         start = time.monotonic()
-        n = sum(len(c) for c in pool.synthesize(**request()))
+        n = sum(len(c) for c in pool.synthesize(request()))
         spans[name] = (start, time.monotonic(), n)
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
@@ -46,35 +48,35 @@ def test_two_workers_serve_two_requests_at_once(pool):
 
 
 def test_queue_limit_refuses_at_once_with_retry_information(pool):
-    gens = [pool.synthesize(**request(stream=True)) for _ in range(5)]
+    gens = [pool.synthesize(request(stream=True)) for _ in range(5)]
     started = [next(g) for g in gens[:2]]  # both workers busy
     assert all(len(c) > 0 for c in started)
-    extra = [pool.submit("synthesize", request()) for _ in range(3)]  # fills the 3 waiting places
+    extra = [pool.submit("synthesize", request().to_wire()) for _ in range(3)]  # fills the 3 waiting places
     with pytest.raises(QueueFull) as e:
-        pool.submit("synthesize", request())
+        pool.submit("synthesize", request().to_wire())
     assert e.value.retry_after > 0 and "busy" in str(e.value)
     for job in extra:
         job.cancelled.set()
     for g in gens:
         g.close()  # callers going away cancel their jobs
     t = time.monotonic()
-    assert sum(len(c) for c in pool.synthesize(**request(text="你好。"))) > 0
+    assert sum(len(c) for c in pool.synthesize(request(text="你好。"))) > 0
     assert time.monotonic() - t < 30  # cancelled work did not hold the workers
 
 
 def test_errors_come_back_with_their_kind(pool):
     with pytest.raises(JobError) as e:
-        list(pool.synthesize(mode="zero_shot", text="", prompt_text=ZS_TEXT, prompt_wav=ZS_WAV))
-    assert e.value.user_error and e.value.kind == "SynthesisError" and "text is empty" in str(e.value)
+        list(pool.synthesize(request(text="")))
+    assert e.value.status == 400 and e.value.kind == "SynthesisError" and "text is empty" in str(e.value)
     with pytest.raises(JobError, match="does not exist") as e:
         pool.prompt_features("/nonexistent.wav")
-    assert e.value.user_error
+    assert e.value.status == 400 and e.value.kind == "AudioError"
 
 
 def test_prompt_features_and_saved_voice(pool):
     f = pool.prompt_features(ZS_WAV)
     assert f.mel.shape[1] == 2 * f.speech_tokens.shape[1] and f.embedding.shape == (1, 192)
-    a = b"".join(c.tobytes() for c in pool.synthesize(**request(text="你好。")))
-    b = b"".join(c.tobytes() for c in pool.synthesize(mode="voice", text="你好。", prompt_text=ZS_TEXT, voice=f,
-                                                      seed=1))
+    a = b"".join(c.tobytes() for c in pool.synthesize(request(text="你好。")))
+    b = b"".join(c.tobytes() for c in pool.synthesize(SynthesisRequest(mode="voice", text="你好。",
+                                                                       prompt_text=ZS_TEXT, voice=f, seed=1)))
     assert a == b

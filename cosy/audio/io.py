@@ -25,6 +25,8 @@ import numpy as np
 import soundfile as sf
 import torch
 
+from cosy.errors import BadRequest
+
 from cosy.audio.resample import resample
 
 MAX_PROMPT_SECONDS = 30.0
@@ -35,7 +37,7 @@ SILENCE_PEAK = 1e-3  # -60 dBFS
 AudioSource = Union[str, Path, bytes, bytearray, memoryview, tuple]
 
 
-class AudioError(ValueError):
+class AudioError(BadRequest):
     """The audio cannot be used: unreadable, not audio, too short/long, silent or at too low a rate."""
 
 

@@ -17,8 +17,9 @@ import os
 import tempfile
 from pathlib import Path, PurePosixPath
 
-from cosy.model.files import ModelDir, ModelDirError
 from cosy.deploy.voices import VOICE_ID, VoiceStore
+from cosy.errors import BadRequest, PayloadTooLarge, UnsupportedMedia
+from cosy.model.files import ModelDir, ModelDirError
 
 UPLOAD_EXTENSIONS = frozenset({"wav", "mp3", "flac", "ogg", "opus", "aac", "m4a", "pcm", "webm"})
 MAX_UPLOAD_BYTES = 20 * 1024 * 1024
@@ -38,7 +39,7 @@ def upload_extension(filename: str) -> str:
     name = PurePosixPath(str(filename or "").replace("\\", "/")).name
     ext = name.rsplit(".", 1)[-1].lower() if "." in name else ""
     if ext not in UPLOAD_EXTENSIONS:
-        raise ValueError(f"unsupported upload {name!r}: the file name must end in one of "
+        raise UnsupportedMedia(f"unsupported upload {name!r}: the file name must end in one of "
                          f"{', '.join('.' + e for e in sorted(UPLOAD_EXTENSIONS))}")
     return ext
 
@@ -81,18 +82,22 @@ class DataDir:
         """Where hub downloads (`<owner>/<name>`) and fine-tuned model dirs (`<name>`) live."""
         return self.root / "models"
 
+    def check_upload(self, size: int) -> None:
+        """The one upload size rule: not empty, at most `max_upload_bytes` (BadRequest / PayloadTooLarge);
+        `upload_extension` is the one file name rule."""
+        if size == 0:
+            raise BadRequest("the uploaded file is empty")
+        if size > self.max_upload_bytes:
+            raise PayloadTooLarge(f"the uploaded file is {size / 2**20:.1f} MB; the limit is "
+                                  f"{self.max_upload_bytes / 2**20:.0f} MB (a voice prompt needs only 3-30 s of audio)")
+
     def save_upload(self, data: bytes, filename: str) -> Path:
         """Store an uploaded prompt under uploads/<sha256>.<ext>; the same content gives the same path.
 
-        Raises ValueError for an empty or too large upload, or a file name without an allowed extension."""
+        Raises `check_upload`'s and `upload_extension`'s errors (all ValueErrors)."""
         if not isinstance(data, (bytes, bytearray, memoryview)):
-            raise ValueError("upload data must be bytes")
-        size = len(data)
-        if size == 0:
-            raise ValueError("the uploaded file is empty")
-        if size > self.max_upload_bytes:
-            raise ValueError(f"the uploaded file is {size / 2**20:.1f} MB; the limit is "
-                             f"{self.max_upload_bytes / 2**20:.0f} MB (prompts need only 3-30 s of audio)")
+            raise BadRequest("upload data must be bytes")
+        self.check_upload(len(data))
         ext = upload_extension(filename)
         path = self.uploads / f"{hashlib.sha256(data).hexdigest()}.{ext}"
         if not path.is_file():  # content-addressed: an existing file already holds exactly these bytes

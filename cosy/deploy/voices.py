@@ -20,13 +20,22 @@ from filelock import FileLock
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from cosy.errors import BadRequest, Conflict, NotFound
 from cosy.prompt.encoder import PromptFeatures
 
 VOICE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
-class VoiceError(ValueError):
-    """A bad voice id, an unknown voice, or a voice that exists already."""
+class VoiceError(BadRequest):
+    """A bad voice id or a damaged voice (400); see UnknownVoice, VoiceExists."""
+
+
+class UnknownVoice(VoiceError, NotFound):
+    """No saved voice of that id (404)."""
+
+
+class VoiceExists(VoiceError, Conflict):
+    """A voice of that id exists already and overwriting was not asked for (409)."""
 
 
 @dataclass
@@ -75,7 +84,7 @@ class VoiceStore:
             with self._lock:
                 if final.exists():
                     if not overwrite:
-                        raise VoiceError(f"voice '{voice_id}' exists already")
+                        raise VoiceExists(f"voice '{voice_id}' exists already")
                     trash = final.with_name(f".{voice_id}.old{os.getpid()}")
                     os.replace(final, trash)
                     os.replace(tmp, final)
@@ -95,7 +104,7 @@ class VoiceStore:
                 try:
                     return self._read(voice_id, d)
                 except FileNotFoundError:
-                    raise VoiceError(f"unknown voice '{voice_id}'") from None
+                    raise UnknownVoice(f"unknown voice '{voice_id}'") from None
 
     @staticmethod
     def _read(voice_id: str, d: Path) -> Voice:
@@ -126,7 +135,7 @@ class VoiceStore:
         d = self._dir(voice_id)
         with self._lock:
             if not d.exists():
-                raise VoiceError(f"unknown voice '{voice_id}'")
+                raise UnknownVoice(f"unknown voice '{voice_id}'")
             trash = d.with_name(f".{voice_id}.del{os.getpid()}")
             os.replace(d, trash)
         shutil.rmtree(trash, ignore_errors=True)

@@ -4,12 +4,13 @@
 
 `type` is one of invalid_request_error, unauthorized, not_found, rate_limited, unavailable, server_error.
 429 and 503 answers carry a Retry-After header. `ApiRoute` makes every route of a router answer in this
-shape, whatever goes wrong in it (ServiceError, bad JSON or fields, an unexpected exception: a 500 with
+shape, whatever goes wrong in it (CosyError, bad JSON or fields, an unexpected exception: a 500 with
 no stack trace). `add_route` also registers the path with a trailing slash (PAI clients send both; with
 Gradio mounted at "/" a redirect would never happen, as the mount matches every path).
 """
 from __future__ import annotations
 
+import json
 import logging
 import math
 from collections.abc import Callable
@@ -21,22 +22,15 @@ from fastapi.routing import APIRoute
 from starlette.requests import Request
 from starlette.responses import Response
 
-from cosy.frontend.service import ServiceError
+from cosy.errors import CosyError, error_type
 
 log = logging.getLogger(__name__)
 DEFAULT_RETRY_AFTER = 5.0
 
 
-def error_type(status: int) -> str:
-    if status == 401:
-        return "unauthorized"
-    if status == 404:
-        return "not_found"
-    if status == 429:
-        return "rate_limited"
-    if status in (502, 503, 504):
-        return "unavailable"
-    return "server_error" if status >= 500 else "invalid_request_error"
+def sse(obj: dict) -> str:
+    """One server-sent event: `data: <json>` and a blank line (non-ASCII text kept as is)."""
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
 def error_body(message: str, status: int, **extra) -> dict:
@@ -54,7 +48,7 @@ def error_response(message: str, status: int, retry_after: float | None = None,
     return JSONResponse(error_body(message, status, **extra), status_code=status, headers=headers)
 
 
-def from_service_error(e: ServiceError) -> JSONResponse:
+def from_cosy_error(e: CosyError) -> JSONResponse:
     return error_response(str(e), e.status, e.retry_after)
 
 
@@ -80,8 +74,8 @@ class ApiRoute(APIRoute):
         async def guarded(request: Request) -> Response:
             try:
                 return await handler(request)
-            except ServiceError as e:
-                return from_service_error(e)
+            except CosyError as e:
+                return from_cosy_error(e)
             except RequestValidationError as e:
                 return error_response(describe_validation(list(e.errors())), 400)
             except HTTPException as e:  # e.g. a malformed multipart body

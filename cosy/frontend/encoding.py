@@ -19,6 +19,8 @@ import struct
 import av
 import numpy as np
 
+from cosy.errors import BadRequest
+
 FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
 MEDIA_TYPES = {"mp3": "audio/mpeg", "opus": "audio/ogg", "aac": "audio/aac", "flac": "audio/flac",
                "wav": "audio/wav", "pcm": "audio/pcm"}
@@ -29,7 +31,7 @@ OPUS_RATES = (8000, 12000, 16000, 24000, 48000)
 _UNKNOWN = 0xFFFFFFFF
 
 
-class EncodingError(ValueError):
+class EncodingError(BadRequest):
     """An output format, rate or bit rate the encoders cannot produce; the message says what is allowed."""
 
 
@@ -167,6 +169,13 @@ class FFmpegEncoder(AudioEncoder):
                 self._container.close()
             except (av.FFmpegError, ValueError, OSError):
                 pass  # an aborted response: nothing more is sent anyway
+
+
+def wav_bytes(audio: np.ndarray, sample_rate: int) -> bytes:
+    """A whole 16-bit mono wav file in memory (the one wav writer: results, previews, stored prompts)."""
+    enc = WavEncoder(sample_rate, streaming=False)
+    enc.encode(audio)
+    return enc.finish()
 
 
 def make_encoder(fmt: str, sample_rate: int, *, bit_rate: int | None = None, streaming: bool = True) -> AudioEncoder:

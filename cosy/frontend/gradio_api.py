@@ -25,11 +25,13 @@ from pathlib import Path
 
 import gradio as gr
 import numpy as np
-import soundfile as sf
 from gradio import FileData
 from gradio.utils import get_upload_folder, is_in_or_equal
 
-from cosy.frontend.service import FrontendService, ServiceError
+from cosy.errors import BadRequest, CosyError
+from cosy.frontend.encoding import wav_bytes
+from cosy.frontend.service import FrontendService
+from cosy.pipeline.request import SynthesisRequest, as_number
 
 log = logging.getLogger(__name__)
 OUT_DIR = Path(tempfile.gettempdir()) / f"cosy-frontend-{os.getpid()}"  # gradio serves only temp/cwd files
@@ -44,7 +46,7 @@ def user_errors() -> Iterator[None]:
         yield
     except gr.Error:
         raise
-    except ServiceError as e:
+    except CosyError as e:
         # the WebUI renders the message as HTML and it may quote user input
         raise gr.Error(html.escape(str(e), quote=False), print_exception=False) from None
     except Exception:  # a bug or a broken worker: details go to the server log only
@@ -60,15 +62,12 @@ def stored_upload(service: FrontendService, path: str | None, filename: str | No
     if not path:
         return None
     if not is_in_or_equal(path, get_upload_folder()):
-        raise ServiceError("prompt_wav must be an uploaded file (gradio_client: handle_file(path))")
+        raise BadRequest("prompt_wav must be an uploaded file (gradio_client: handle_file(path))")
     try:
         data = Path(path).read_bytes()
     except OSError:
-        raise ServiceError("the uploaded prompt audio could not be read; upload it again") from None
-    try:
-        return service.data.save_upload(data, filename or Path(path).name)
-    except ValueError as e:  # empty, too large, not an audio file name
-        raise ServiceError(str(e)) from None
+        raise BadRequest("the uploaded prompt audio could not be read; upload it again") from None
+    return service.data.save_upload(data, filename or Path(path).name)
 
 
 def uploaded(service: FrontendService, value: object) -> Path | None:
@@ -78,7 +77,7 @@ def uploaded(service: FrontendService, value: object) -> Path | None:
     if isinstance(value, FileData):
         value = value.model_dump()
     if not isinstance(value, dict) or not value.get("path"):  # a bare string would be a server path
-        raise ServiceError("prompt_wav must be an uploaded file (gradio_client: handle_file(path))")
+        raise BadRequest("prompt_wav must be an uploaded file (gradio_client: handle_file(path))")
     return stored_upload(service, str(value["path"]), value.get("orig_name"))
 
 
@@ -93,13 +92,16 @@ def wav_file(audio: np.ndarray, sample_rate: int, stem: str) -> str:
         except OSError:
             pass  # pruned by a concurrent request
     path = OUT_DIR / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}.wav"
-    sf.write(path, audio, sample_rate, subtype="PCM_16")
+    path.write_bytes(wav_bytes(audio, sample_rate))
     return str(path)
 
 
-def _synthesize(service: FrontendService, mode: str, **request) -> FileData:
+def _synthesize(service: FrontendService, mode: str, seed: object, speed: object, prompt_wav: object = None,
+                **fields) -> FileData:
     with user_errors():
-        result = service.synthesize(mode=mode, **request)
+        req = SynthesisRequest(mode=mode, prompt_wav=uploaded(service, prompt_wav), seed=as_number(seed, "seed", int),
+                               speed=as_number(speed, "speed"), **fields)
+        result = service.synthesize(req, "gradio_api")
         return FileData(path=wav_file(result.audio, result.sample_rate, f"cosy-{mode}"))
 
 
@@ -110,33 +112,23 @@ def register(service: FrontendService) -> None:
                   speed: float = 1.0) -> FileData:
         """3s极速复刻 Zero-shot clone: speak tts_text in the voice of prompt_wav (3-30 s), whose transcript
         is prompt_text. Returns a 24 kHz wav."""
-        with user_errors():
-            wav = uploaded(service, prompt_wav)
-        return _synthesize(service, "zero_shot", text=tts_text, prompt_text=prompt_text, prompt_wav=wav,
-                           seed=int(seed), speed=float(speed))
+        return _synthesize(service, "zero_shot", seed, speed, prompt_wav, text=tts_text, prompt_text=prompt_text)
 
     def cross_lingual(tts_text: str, prompt_wav: FileData, seed: int = 0, speed: float = 1.0) -> FileData:
         """跨语种复刻 Cross-lingual: the voice of prompt_wav (any language, no transcript) speaking tts_text.
         Returns a 24 kHz wav."""
-        with user_errors():
-            wav = uploaded(service, prompt_wav)
-        return _synthesize(service, "cross_lingual", text=tts_text, prompt_wav=wav, seed=int(seed),
-                           speed=float(speed))
+        return _synthesize(service, "cross_lingual", seed, speed, prompt_wav, text=tts_text)
 
     def instruct(tts_text: str, instruct_text: str, prompt_wav: FileData, seed: int = 0,
                  speed: float = 1.0) -> FileData:
         """自然语言控制 Instruct: the voice of prompt_wav speaking tts_text as instruct_text asks (e.g.
         用四川话说这句话, Speak slowly and softly). Returns a 24 kHz wav."""
-        with user_errors():
-            wav = uploaded(service, prompt_wav)
-        return _synthesize(service, "instruct", text=tts_text, instruct_text=instruct_text, prompt_wav=wav,
-                           seed=int(seed), speed=float(speed))
+        return _synthesize(service, "instruct", seed, speed, prompt_wav, text=tts_text, instruct_text=instruct_text)
 
     def saved_voice(tts_text: str, voice_id: str, seed: int = 0, speed: float = 1.0) -> FileData:
         """预设音色 Saved voice: speak tts_text with a voice saved earlier (/save_voice). Returns a 24 kHz
         wav."""
-        return _synthesize(service, "voice", text=tts_text, voice_id=voice_id, seed=int(seed),
-                           speed=float(speed))
+        return _synthesize(service, "voice", seed, speed, text=tts_text, voice_id=voice_id)
 
     def save_voice(voice_id: str, prompt_text: str, prompt_wav: FileData) -> dict:
         """Save prompt_wav and its transcript as voice voice_id, shared by every frontend on this data

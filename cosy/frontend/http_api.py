@@ -28,12 +28,13 @@ from starlette.concurrency import run_in_threadpool
 from starlette.routing import BaseRoute, Match, Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from cosy.errors import Unauthorized, Unavailable
 from cosy.frontend.api_routing import add_route, api_router, error_response
 from cosy.frontend.metrics import Metrics
 from cosy.frontend.openai_api import build_openai_router
 from cosy.frontend.pai_api import build_pai_router
 from cosy.frontend.reference_audio import ReferenceAudios
-from cosy.frontend.service import FrontendService, ServiceError
+from cosy.frontend.service import FrontendService
 
 Ready = Callable[[], tuple[bool, str]]
 
@@ -47,23 +48,22 @@ def bearer_auth(api_key: str) -> Callable:
         scheme, _, rest = header.partition(" ")
         token = rest.strip() if scheme.lower() == "bearer" else header
         if not token:
-            raise ServiceError("this API needs a key: send the header 'Authorization: Bearer <key>' "
-                               "(the key the frontend was started with, --api_key)", 401)
+            raise Unauthorized("this API needs a key: send the header 'Authorization: Bearer <key>' "
+                               "(the key the frontend was started with, --api_key)")
         if not hmac.compare_digest(token.encode(), expected):
-            raise ServiceError("wrong API key: send the key the frontend was started with (--api_key)", 401)
+            raise Unauthorized("wrong API key: send the key the frontend was started with (--api_key)")
 
     return check
 
 
-def build_router(service: FrontendService, *, api_key: str | None, ready: Ready,
-                 metrics: Metrics | None = None) -> APIRouter:
-    """Every API route of a frontend (auth included); `install` also adds the 404 handling and metrics."""
-    metrics = metrics or Metrics(service.pool.stats, lambda: service.pool.max_queue)
+def build_router(service: FrontendService, *, api_key: str | None, ready: Ready) -> APIRouter:
+    """Every API route of a frontend (auth included); `install` also adds the 404 handling."""
+    metrics = service.metrics
     refs = ReferenceAudios(service)
     auth = [Depends(bearer_auth(api_key))] if api_key else []
     router = api_router()
-    router.include_router(build_pai_router(service, refs, metrics, auth))
-    router.include_router(build_openai_router(service, refs, metrics, auth))
+    router.include_router(build_pai_router(service, refs, auth))
+    router.include_router(build_openai_router(service, refs, auth))
 
     async def health():
         """The process is up (no key needed)."""
@@ -78,7 +78,7 @@ def build_router(service: FrontendService, *, api_key: str | None, ready: Ready,
             ok, reason = False, f"the readiness check failed: {type(e).__name__}: {e}"
         metrics.ready_check.observe(time.monotonic() - start)
         if not ok:
-            raise ServiceError(f"not ready: {reason}", 503)
+            raise Unavailable(f"not ready: {reason}")
         return {"status": "ready", "detail": reason}
 
     async def prometheus():
@@ -159,9 +159,9 @@ class ApiGate:
 
 def install(app: FastAPI, service: FrontendService, *, api_key: str | None, ready: Ready) -> Metrics:
     """Add the API routes (ahead of any Gradio mount), the 404/405 handling and the request metrics."""
-    metrics = Metrics(service.pool.stats, lambda: service.pool.max_queue)
+    metrics = service.metrics
     before = {id(r) for r in app.router.routes}
-    app.include_router(build_router(service, api_key=api_key, ready=ready, metrics=metrics))
+    app.include_router(build_router(service, api_key=api_key, ready=ready))
     ours = [r for r in app.router.routes if id(r) not in before]
     app.router.routes[:] = ours + [r for r in app.router.routes if id(r) in before]
     app.add_middleware(ApiGate, outer=app, api_routes=ours, metrics=metrics)

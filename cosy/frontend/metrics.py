@@ -1,13 +1,17 @@
-"""Prometheus metrics of one frontend's HTTP APIs (`GET /metrics`, text exposition format).
+"""Prometheus metrics of one frontend (`GET /metrics`, text exposition format).
+
+Synthesis metrics cover every surface (`surface`: webui, gradio_api, pai, openai) by `mode`; the HTTP
+counters cover the HTTP routes.
 
 | metric | labels | what |
 | --- | --- | --- |
 | cosy_http_requests_total | route, method, status | API requests answered (route: its template; 404s: unmatched) |
 | cosy_http_errors_total | route, type | API answers >= 400, by error type (rate_limited, not_found, ...) |
-| cosy_stream_errors_total | api | syntheses that failed after their first audio was sent |
-| cosy_first_packet_seconds | api | request received -> first audio chunk ready to send |
-| cosy_rtf | api | real-time factor of a finished request: wall time / audio seconds |
-| cosy_audio_seconds_total | api | audio synthesized |
+| cosy_syntheses_total | surface, mode, outcome | syntheses ended: ok, or the error type |
+| cosy_stream_errors_total | surface, mode | syntheses that failed after their first audio was sent |
+| cosy_first_packet_seconds | surface, mode | request received -> first audio chunk ready |
+| cosy_rtf | surface, mode | real-time factor of a finished request: wall time / audio seconds |
+| cosy_audio_seconds_total | surface, mode | audio synthesized |
 | cosy_ready_check_seconds | | how long the readiness check (models, LM backend reachability) took |
 | cosy_queue_waiting, cosy_queue_limit, cosy_workers, cosy_workers_busy | | the worker pool, read at scrape time |
 
@@ -21,7 +25,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from cosy.frontend.api_routing import error_type
+from cosy.errors import error_type
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0)
 RTF_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0)
@@ -49,13 +53,15 @@ class Metrics:
         self.requests = Counter("cosy_http_requests", "HTTP API requests answered", ["route", "method", "status"],
                                 registry=r)
         self.errors = Counter("cosy_http_errors", "HTTP API error answers", ["route", "type"], registry=r)
-        self.stream_errors = Counter("cosy_stream_errors", "syntheses failed after audio was sent", ["api"],
+        labels = ["surface", "mode"]
+        self.syntheses = Counter("cosy_syntheses", "syntheses ended, by outcome", [*labels, "outcome"], registry=r)
+        self.stream_errors = Counter("cosy_stream_errors", "syntheses failed after audio was sent", labels,
                                      registry=r)
         self.first_packet = Histogram("cosy_first_packet_seconds", "request received to first audio chunk",
-                                      ["api"], buckets=LATENCY_BUCKETS, registry=r)
-        self.rtf = Histogram("cosy_rtf", "wall time / audio duration of finished requests", ["api"],
+                                      labels, buckets=LATENCY_BUCKETS, registry=r)
+        self.rtf = Histogram("cosy_rtf", "wall time / audio duration of finished requests", labels,
                              buckets=RTF_BUCKETS, registry=r)
-        self.audio_seconds = Counter("cosy_audio_seconds", "audio synthesized, seconds", ["api"], registry=r)
+        self.audio_seconds = Counter("cosy_audio_seconds", "audio synthesized, seconds", labels, registry=r)
         self.ready_check = Histogram("cosy_ready_check_seconds", "duration of the readiness check",
                                      buckets=LATENCY_BUCKETS, registry=r)
         if pool_stats is not None:
@@ -66,10 +72,16 @@ class Metrics:
         if status >= 400:
             self.errors.labels(route, error_type(status)).inc()
 
-    def finished(self, api: str, wall_seconds: float, audio_seconds: float) -> None:
-        self.audio_seconds.labels(api).inc(audio_seconds)
+    def finished(self, surface: str, mode: str, wall_seconds: float, audio_seconds: float) -> None:
+        self.syntheses.labels(surface, mode, "ok").inc()
+        self.audio_seconds.labels(surface, mode).inc(audio_seconds)
         if audio_seconds > 0:
-            self.rtf.labels(api).observe(wall_seconds / audio_seconds)
+            self.rtf.labels(surface, mode).observe(wall_seconds / audio_seconds)
+
+    def failed(self, surface: str, mode: str, status: int, after_audio: bool) -> None:
+        self.syntheses.labels(surface, mode, error_type(status)).inc()
+        if after_audio:
+            self.stream_errors.labels(surface, mode).inc()
 
     def render(self) -> tuple[bytes, str]:
         """(body, content type) for GET /metrics."""

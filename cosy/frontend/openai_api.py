@@ -31,12 +31,13 @@ from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from cosy.frontend.api_routing import add_route, api_router, error_body
+from cosy.errors import CosyError
+from cosy.frontend.api_routing import add_route, api_router, error_body, sse
 from cosy.frontend.encoding import FORMATS, MEDIA_TYPES
-from cosy.frontend.metrics import Metrics
 from cosy.frontend.reference_audio import ReferenceAudios
-from cosy.frontend.service import FrontendService, ServiceError
-from cosy.frontend.speech_stream import ENGINE_SPEED, Piece, SpeechRequest, open_speech
+from cosy.frontend.service import FrontendService
+from cosy.frontend.speech_stream import Piece, SpeechRequest, open_speech
+from cosy.pipeline.request import SEED_RANGE, SPEED_RANGE, SynthesisRequest
 
 log = logging.getLogger(__name__)
 TOKENS_PER_SECOND = 25  # CosyVoice2's speech tokens
@@ -55,11 +56,7 @@ class OpenAISpeech(BaseModel):
     response_format: Literal[FORMATS] = "mp3"
     speed: float = Field(1.0, ge=0.25, le=4.0)
     stream_format: Literal["audio", "sse"] = "audio"
-    seed: int | None = Field(None, ge=0, lt=2**31)
-
-
-def _sse(obj: dict) -> str:
-    return f"data: {json.dumps(obj)}\n\n"
+    seed: int | None = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
 
 
 async def _audio(pieces: AsyncIterator[Piece], request_id: str) -> AsyncIterator[bytes]:
@@ -67,7 +64,7 @@ async def _audio(pieces: AsyncIterator[Piece], request_id: str) -> AsyncIterator
         async for p in pieces:
             if p.data:
                 yield p.data
-    except ServiceError as e:
+    except CosyError as e:
         # headers are gone: abort the chunked body, so that the client sees an error, not a short file
         log.warning("speech %s failed after audio was sent: %s", request_id, e)
         raise
@@ -79,28 +76,28 @@ async def _events(pieces: AsyncIterator[Piece], request_id: str, characters: int
         async for p in pieces:
             seconds += p.seconds
             if p.data:
-                yield _sse({"type": "speech.audio.delta", "audio": base64.b64encode(p.data).decode("ascii")})
+                yield sse({"type": "speech.audio.delta", "audio": base64.b64encode(p.data).decode("ascii")})
         out = round(seconds * TOKENS_PER_SECOND)
-        yield _sse({"type": "speech.audio.done",
+        yield sse({"type": "speech.audio.done",
                     "usage": {"input_tokens": characters, "output_tokens": out, "total_tokens": characters + out}})
-    except ServiceError as e:
-        yield _sse({"type": "error", **error_body(str(e), e.status), "request_id": request_id})
+    except CosyError as e:
+        yield sse({"type": "error", **error_body(str(e), e.status), "request_id": request_id})
 
 
-def build_openai_router(service: FrontendService, refs: ReferenceAudios, metrics: Metrics,
-                        dependencies: list) -> APIRouter:
+def build_openai_router(service: FrontendService, refs: ReferenceAudios, dependencies: list) -> APIRouter:
     router = api_router(dependencies=dependencies, tags=["OpenAI-compatible"])
 
     async def create_speech(body: OpenAISpeech):
         """OpenAI's text-to-speech endpoint, over this frontend's saved voices."""
         received, request_id = time.monotonic(), uuid.uuid4().hex
         voice = body.voice.id if isinstance(body.voice, VoiceId) else body.voice
-        speed = min(max(body.speed, ENGINE_SPEED[0]), ENGINE_SPEED[1])
+        speed = min(max(body.speed, SPEED_RANGE[0]), SPEED_RANGE[1])
         instruct = body.instructions.strip()
-        req = SpeechRequest(mode="instruct" if instruct else "zero_shot", text=body.input, voice_id=voice,
-                            instruct=instruct, speed=speed, seed=body.seed, fmt=body.response_format,
-                            sample_rate=service.sample_rate, stream=True)
-        pieces = await open_speech(service, refs, req, metrics=metrics, api="openai", received=received)
+        # without instructions: zero-shot with the voice's stored transcript (our mode 'voice')
+        synthesis = SynthesisRequest(mode="instruct" if instruct else "voice", text=body.input, voice_id=voice,
+                                     instruct_text=instruct, speed=speed, seed=body.seed, stream=True)
+        req = SpeechRequest(synthesis, "openai", fmt=body.response_format, sample_rate=service.sample_rate)
+        pieces = await open_speech(service, refs, req, received)
         headers = {"X-Request-Id": request_id, "X-Cosy-Speed": f"{speed:g}"}
         if body.stream_format == "sse":
             return StreamingResponse(_events(pieces, request_id, len(body.input)), media_type="text/event-stream",

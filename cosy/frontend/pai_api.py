@@ -31,14 +31,16 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
-from cosy.frontend.api_routing import add_route, api_router, error_body
+from cosy.errors import BadRequest, CosyError
+from cosy.frontend.api_routing import add_route, api_router, error_body, sse
 from cosy.frontend.encoding import FORMATS
-from cosy.frontend.metrics import Metrics
 from cosy.frontend.reference_audio import PCM_DEFAULT_RATE, ReferenceAudios
-from cosy.frontend.service import FrontendService, ServiceError
+from cosy.frontend.service import FrontendService
 from cosy.frontend.speech_stream import Piece, SpeechRequest, open_speech
+from cosy.pipeline.request import SEED_RANGE, SPEED_RANGE, SynthesisRequest
 
-MODES = {"fast_replication": "zero_shot", "cross_lingual_replication": "cross_lingual",
+# PAI's mode names -> ours; fast_replication uses the reference audio's stored transcript (our mode 'voice')
+MODES = {"fast_replication": "voice", "cross_lingual_replication": "cross_lingual",
          "natural_language_replication": "instruct"}
 BASE = "/api/v1/audio"
 MULTIPART_SLACK = 1 << 20  # form fields and boundaries around the file
@@ -59,11 +61,11 @@ class PaiSpeech(BaseModel):
     sample_rate: int = Field(24000, ge=8000, le=48000)
     bit_rate: int | None = Field(None, ge=8000, le=320000, description="bit/s, for mp3/aac/opus")
     volume: float = Field(1.0, ge=0.0, le=10.0, description="gain; louder samples are clipped")
-    speed: float = Field(1.0, ge=0.5, le=2.0)
+    speed: float = Field(1.0, ge=SPEED_RANGE[0], le=SPEED_RANGE[1])
     output_format: Literal[FORMATS] = "wav"  # PAI documents wav, mp3, pcm; the others work too
     stream: bool = True
     debug: bool = False
-    seed: int | None = Field(None, ge=0, lt=2**31)
+    seed: int | None = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
 
 
 def _answer(request_id: str, data: bytes, last: bool, metrics: dict | None) -> dict:
@@ -72,10 +74,6 @@ def _answer(request_id: str, data: bytes, last: bool, metrics: dict | None) -> d
     if metrics is not None:
         out["metrics"] = metrics
     return out
-
-
-def _sse(obj: dict) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
 async def _events(pieces: AsyncIterator[Piece], request_id: str, debug: bool) -> AsyncIterator[str]:
@@ -88,34 +86,32 @@ async def _events(pieces: AsyncIterator[Piece], request_id: str, debug: bool) ->
                 continue
             m = {"speech_len": round(seconds, 4), "server_cost_time": round(p.elapsed, 4),
                  "generate_time": round(wait, 4)} if debug else None
-            yield _sse(_answer(request_id, p.data, p.last, m))
+            yield sse(_answer(request_id, p.data, p.last, m))
             seconds = wait = 0.0
-    except ServiceError as e:  # after audio went out: the stream ends with an error event
-        yield _sse({**error_body(str(e), e.status), "request_id": request_id})
+    except CosyError as e:  # after audio went out: the stream ends with an error event
+        yield sse({**error_body(str(e), e.status), "request_id": request_id})
 
 
-def build_pai_router(service: FrontendService, refs: ReferenceAudios, metrics: Metrics,
-                     dependencies: list) -> APIRouter:
+def build_pai_router(service: FrontendService, refs: ReferenceAudios, dependencies: list) -> APIRouter:
     router = api_router(dependencies=dependencies, tags=["PAI-compatible"])
 
     async def create_reference_audio(request: Request):
         """Upload a reference audio (multipart `file` + `text`); its voice features are computed once."""
         length = request.headers.get("content-length", "")
-        if length.isdigit() and int(length) > refs.max_bytes + MULTIPART_SLACK:
-            raise ServiceError(f"the upload is {int(length) / 2**20:.1f} MB; the limit is "
-                               f"{refs.max_bytes / 2**20:.0f} MB (a reference needs only 3-30 s of audio)", 413)
+        if length.isdigit() and int(length) > MULTIPART_SLACK:  # refuse a far too large body before reading it
+            service.data.check_upload(int(length) - MULTIPART_SLACK)
         form = await request.form(max_files=1, max_fields=10)
         try:
             file, text = form.get("file"), form.get("text")
             if not isinstance(file, UploadFile):
-                raise ServiceError("'file' is required: send the reference audio (wav, mp3, flac, opus, aac or pcm) "
+                raise BadRequest("'file' is required: send the reference audio (wav, mp3, flac, opus, aac or pcm) "
                                    "as multipart/form-data")
             if not isinstance(text, str) or not text.strip():
-                raise ServiceError("'text' is required: the transcript of the reference audio")
+                raise BadRequest("'text' is required: the transcript of the reference audio")
             try:
                 rate = int(form.get("sample_rate") or PCM_DEFAULT_RATE)
             except ValueError:
-                raise ServiceError("'sample_rate' must be an integer (Hz, for .pcm uploads)") from None
+                raise BadRequest("'sample_rate' must be an integer (Hz, for .pcm uploads)") from None
             data = await file.read(refs.max_bytes + 1)
             return await run_in_threadpool(refs.create, data, file.filename or "", text, rate)
         finally:
@@ -138,13 +134,13 @@ def build_pai_router(service: FrontendService, refs: ReferenceAudios, metrics: M
         received, request_id = time.monotonic(), uuid.uuid4().hex
         inp = body.input
         if MODES[inp.mode] == "instruct" and not inp.instruct.strip():
-            raise ServiceError("input.instruct is required for natural_language_replication "
-                               "(e.g. '用四川话说这句话')")
-        req = SpeechRequest(mode=MODES[inp.mode], text=inp.text, voice_id=inp.reference_audio_id,
-                            instruct=inp.instruct, speed=body.speed, seed=body.seed, fmt=body.output_format,
-                            sample_rate=body.sample_rate, bit_rate=body.bit_rate, volume=body.volume,
-                            stream=body.stream)
-        pieces = await open_speech(service, refs, req, metrics=metrics, api="pai", received=received)
+            raise BadRequest("input.instruct is required for natural_language_replication "
+                             "(e.g. '用四川话说这句话')")
+        synthesis = SynthesisRequest(mode=MODES[inp.mode], text=inp.text, voice_id=inp.reference_audio_id,
+                                     instruct_text=inp.instruct, speed=body.speed, seed=body.seed, stream=body.stream)
+        req = SpeechRequest(synthesis, "pai", fmt=body.output_format, sample_rate=body.sample_rate,
+                            bit_rate=body.bit_rate, volume=body.volume)
+        pieces = await open_speech(service, refs, req, received)
         headers = {"X-Request-Id": request_id}
         if body.stream:
             return StreamingResponse(_events(pieces, request_id, body.debug), media_type="text/event-stream",

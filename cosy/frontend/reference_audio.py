@@ -2,11 +2,10 @@
 
 An upload is decoded here (PyAV: wav, mp3, flac, ogg/opus, aac, m4a, webm; `.pcm` is raw s16le mono at the
 given rate), its features are computed once in a worker (`FrontendService.save_voice`, through the shared
-queue) and stored as the voice `ref_<12 hex>`. Two files are added to that voice's directory, each written
-atomically: `reference.wav` (the decoded audio: the cross-lingual and instruct modes need a prompt audio,
-not only features) and `reference.json` (the upload's file name and size). So a reference audio is listed,
-used and deleted like any saved voice, by every frontend on the NAS, and deleting it removes its audio.
-Voices saved in the WebUI appear here too (without file name and size).
+queue) and stored as the voice `ref_<12 hex>` (its stored features serve every mode), with
+`reference.json` (the upload's file name and size, written atomically) beside it. So a reference audio is
+listed, used and deleted like any saved voice, by every frontend on the NAS. Voices saved in the WebUI
+appear here too (without file name and size).
 
 Nothing is written to the data dir until the upload has been decoded and its features computed; a failure
 after that removes the voice again, so a failed request leaves nothing behind.
@@ -24,32 +23,34 @@ import av
 import numpy as np
 
 from cosy.audio.io import MAX_PROMPT_SECONDS
-from cosy.frontend.service import FrontendService, ServiceError, wav_bytes
-from cosy.deploy.voices import VoiceError, check_voice_id
 from cosy.deploy.data_dir import upload_extension, write_atomic
+from cosy.deploy.voices import UnknownVoice, VoiceError, check_voice_id
+from cosy.errors import BadRequest, CosyError, NotFound
+from cosy.frontend.encoding import wav_bytes
+from cosy.frontend.service import FrontendService
 
-AUDIO_FILE, META_FILE = "reference.wav", "reference.json"
+META_FILE = "reference.json"
 PCM_DEFAULT_RATE = 16000
 ID_PREFIX = "ref_"
 
 
 def decode_upload(data: bytes, ext: str, pcm_rate: int = PCM_DEFAULT_RATE) -> tuple[np.ndarray, int]:
-    """Uploaded bytes -> mono float32 and its rate; ValueError if they are not audio or are far too long.
+    """Uploaded bytes -> mono float32 and its rate; BadRequest if they are not audio or are far too long.
 
     The container is probed from the content, not the name. Decoding stops past 30 s (+1): a small
     compressed file can hold hours, and a prompt may not exceed 30 s anyway."""
     if ext == "pcm":
         if len(data) % 2:
-            raise ValueError("a .pcm upload must be 16-bit little-endian mono samples (an even number of bytes)")
+            raise BadRequest("a .pcm upload must be 16-bit little-endian mono samples (an even number of bytes)")
         audio = np.frombuffer(data, "<i2").astype(np.float32) / 32768.0
         if len(audio) > (MAX_PROMPT_SECONDS + 1) * pcm_rate:
-            raise ValueError(f"the reference audio is longer than {MAX_PROMPT_SECONDS:.0f} s")
+            raise BadRequest(f"the reference audio is longer than {MAX_PROMPT_SECONDS:.0f} s")
         return audio, pcm_rate
     try:
         with av.open(io.BytesIO(data), mode="r") as container:
             stream = next((s for s in container.streams if s.type == "audio"), None)
             if stream is None:
-                raise ValueError("the uploaded file has no audio stream")
+                raise BadRequest("the uploaded file has no audio stream")
             to_float = av.AudioResampler(format="fltp")  # planar float, channels and rate kept
             parts, n, rate = [], 0, stream.rate or 0
             for frame in container.decode(stream):
@@ -57,11 +58,11 @@ def decode_upload(data: bytes, ext: str, pcm_rate: int = PCM_DEFAULT_RATE) -> tu
                     parts.append(f.to_ndarray().mean(axis=0))  # average the channels, as the official load_wav
                     n, rate = n + f.samples, f.sample_rate
                 if rate and n > (MAX_PROMPT_SECONDS + 1) * rate:
-                    raise ValueError(f"the reference audio is longer than {MAX_PROMPT_SECONDS:.0f} s")
+                    raise BadRequest(f"the reference audio is longer than {MAX_PROMPT_SECONDS:.0f} s")
     except av.FFmpegError as e:
-        raise ValueError(f"the uploaded file is not audio we can decode ({e})") from None
+        raise BadRequest(f"the uploaded file is not audio we can decode ({e})") from None
     if not n:
-        raise ValueError("the uploaded file contains no audio samples")
+        raise BadRequest("the uploaded file contains no audio samples")
     return np.concatenate(parts).astype(np.float32), int(rate)
 
 
@@ -79,8 +80,8 @@ class ReferenceAudios:
         try:
             return self.service.data.voices.root / check_voice_id(ref_id)
         except VoiceError:
-            raise ServiceError(f"invalid reference audio id {ref_id!r}: ids are 1-64 letters, digits, '_', '-' "
-                               "or '.', starting with a letter or digit") from None
+            raise BadRequest(f"invalid reference audio id {ref_id!r}: ids are 1-64 letters, digits, '_', '-' "
+                             "or '.', starting with a letter or digit") from None
 
     def _object(self, voice: dict) -> dict:
         """A voice's voice.json (+ reference.json) -> the PAI reference audio object."""
@@ -93,11 +94,12 @@ class ReferenceAudios:
                 "created_at": int(voice["created_at"]), "text": voice["prompt_text"]}
 
     def get(self, ref_id: str) -> dict:
+        path = self._dir(ref_id) / "voice.json"
         try:
-            voice = json.loads((self._dir(ref_id) / "voice.json").read_text("utf-8"))
+            voice = json.loads(path.read_text("utf-8"))
         except (OSError, ValueError):
-            raise ServiceError(f"unknown reference audio (voice) id {ref_id!r}: GET /api/v1/audio/reference_audio "
-                               "lists them", 404) from None
+            raise NotFound(f"unknown reference audio (voice) id {ref_id!r}: GET /api/v1/audio/reference_audio "
+                           "lists them") from None
         return self._object(voice)
 
     def list(self, limit: int = 100, order: str = "desc") -> list[dict]:
@@ -108,25 +110,17 @@ class ReferenceAudios:
         self._dir(ref_id)
         try:
             self.service.delete_voice(ref_id)
-        except ServiceError as e:
-            if e.status == 404:
-                raise ServiceError(f"unknown reference audio id {ref_id!r}", 404) from None
-            raise
+        except UnknownVoice:
+            raise NotFound(f"unknown reference audio id {ref_id!r}") from None
 
     def create(self, data: bytes, filename: str, text: str, pcm_rate: int = PCM_DEFAULT_RATE) -> dict:
         """Decode, compute features (queued like a synthesis), store; the new reference audio object."""
         text = (text or "").strip()
         if not text:
-            raise ServiceError("'text' is required: the transcript of the reference audio")
-        if not data:
-            raise ServiceError("the uploaded file is empty")
-        if len(data) > self.max_bytes:
-            raise ServiceError(f"the uploaded file is {len(data) / 2**20:.1f} MB; the limit is "
-                               f"{self.max_bytes / 2**20:.0f} MB (a reference needs only 3-30 s of audio)", 413)
-        try:
-            audio, rate = decode_upload(data, upload_extension(filename), pcm_rate)
-        except ValueError as e:
-            raise ServiceError(str(e), 415 if "unsupported upload" in str(e) else 400) from None
+            raise BadRequest("'text' is required: the transcript of the reference audio")
+        self.service.data.check_upload(len(data))
+        ext = upload_extension(filename)
+        audio, rate = decode_upload(data, ext, pcm_rate)
         wav = wav_bytes(audio, rate)
         ref_id = ID_PREFIX + secrets.token_hex(6)
         fd, tmp = tempfile.mkstemp(suffix=".wav")  # outside the data dir: nothing there until it is a voice
@@ -135,12 +129,11 @@ class ReferenceAudios:
                 f.write(wav)
             try:
                 saved = self.service.save_voice(ref_id, text, tmp)
-            except ServiceError as e:  # speak of the upload, not of our temporary file
-                raise ServiceError(str(e).replace(f"prompt audio file '{tmp}'", "the reference audio"), e.status,
-                                   e.retry_after) from None
+            except CosyError as e:  # speak of the upload, not of our temporary file
+                raise CosyError(str(e).replace(f"prompt audio file '{tmp}'", "the reference audio"), e.status,
+                                e.retry_after) from None
             name = PurePosixPath(str(filename).replace("\\", "/")).name[:255]
             try:
-                write_atomic(self._dir(ref_id) / AUDIO_FILE, wav)
                 meta = {"filename": name, "bytes": len(data)}
                 write_atomic(self._dir(ref_id) / META_FILE, json.dumps(meta, ensure_ascii=False).encode("utf-8"))
             except BaseException:

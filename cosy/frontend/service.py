@@ -1,32 +1,26 @@
 """What every frontend surface (WebUI, gradio_client API, HTTP APIs) asks of this instance.
 
-One `FrontendService` per process: the worker pool (synthesis) and the shared data dir (uploads, saved
-voices). Methods take plain values (paths, ids, numbers) and raise `ServiceError` with a message fit to
-show a user and an HTTP status; they never leak a stack trace.
+One `FrontendService` per process: the worker pool (synthesis), the shared data dir (uploads, saved
+voices) and the synthesis metrics of every surface. Surfaces hand it a `SynthesisRequest` and the name of
+the surface; failures are `cosy.errors.CosyError`s whose `status` the surface answers with.
 """
 from __future__ import annotations
 
-import io
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
-import soundfile as sf
 
-from cosy.service.workers import JobError, QueueFull, WorkerPool
-from cosy.deploy.voices import VoiceError
+from cosy.deploy.data_dir import DataDir
+from cosy.deploy.voices import check_voice_id
+from cosy.errors import CosyError
+from cosy.frontend.metrics import Metrics
+from cosy.pipeline.request import SERVED_MODES, SynthesisError, SynthesisRequest
+from cosy.service.workers import WorkerPool
 
-MODES = ("zero_shot", "cross_lingual", "instruct", "voice")
-
-
-class ServiceError(Exception):
-    """A request that failed; `status` is the HTTP status it maps to, `retry_after` seconds (or None)."""
-
-    def __init__(self, message: str, status: int = 400, retry_after: float | None = None):
-        super().__init__(message)
-        self.status, self.retry_after = status, retry_after
+SURFACES = ("webui", "gradio_api", "pai", "openai")
 
 
 @dataclass
@@ -36,53 +30,50 @@ class SynthesisResult:
     seconds: float  # wall time
 
 
-def wav_bytes(audio: np.ndarray, sample_rate: int) -> bytes:
-    buf = io.BytesIO()
-    sf.write(buf, audio, sample_rate, format="WAV", subtype="PCM_16")
-    return buf.getvalue()
-
-
 class FrontendService:
-    def __init__(self, pool: WorkerPool, data_dir):
-        self.pool, self.data = pool, data_dir  # data_dir: cosy.deploy.data_dir.DataDir
+    def __init__(self, pool: WorkerPool, data_dir: DataDir):
+        self.pool, self.data = pool, data_dir
+        self.metrics = Metrics(pool.stats, lambda: pool.max_queue)
 
     @property
     def sample_rate(self) -> int:
         return self.pool.sample_rate
 
-    def _voice(self, voice_id: str):
-        try:
-            return self.data.voices.load(voice_id)
-        except VoiceError as e:
-            raise ServiceError(str(e), 404 if "unknown voice" in str(e) else 400) from None
+    def resolve(self, req: SynthesisRequest) -> SynthesisRequest:
+        """Checked, with a saved voice's stored features in place of `voice_id` (no ONNX work per request;
+        mode 'voice' also takes the voice's transcript as prompt text)."""
+        req.check()
+        if req.mode not in SERVED_MODES:
+            raise SynthesisError(f"unknown mode {req.mode!r} (choose from {', '.join(SERVED_MODES)})")
+        if req.mode == "voice" and not req.voice_id:
+            raise SynthesisError("choose a saved voice (voice_id)")
+        if not req.voice_id:
+            return req
+        voice = self.data.voices.load(req.voice_id)
+        prompt_text = voice.prompt_text if req.mode == "voice" else req.prompt_text
+        return replace(req, voice=voice.features, prompt_wav=None, prompt_text=prompt_text)
 
-    def stream(self, mode: str, text: str, prompt_text: str = "", prompt_wav: str | Path | None = None,
-               instruct_text: str = "", voice_id: str | None = None, seed: int | None = None,
-               speed: float = 1.0, stream: bool = True) -> Iterator[np.ndarray]:
-        """Audio chunks (float32, `sample_rate`) as the workers make them."""
-        if mode not in MODES:
-            raise ServiceError(f"unknown mode '{mode}' (choose from {', '.join(MODES)})")
-        request = dict(mode=mode, text=text or "", prompt_text=prompt_text or "", instruct_text=instruct_text or "",
-                       prompt_wav=str(prompt_wav) if prompt_wav else None, seed=seed, speed=float(speed),
-                       stream=stream)
-        if mode == "voice" and not voice_id:
-            raise ServiceError("choose a saved voice (voice_id)")
-        if voice_id:  # stored features replace the prompt audio in every mode (no ONNX work per request)
-            voice = self._voice(voice_id)
-            request.update(voice=voice.features, prompt_wav=None)
-            if mode == "voice":
-                request["prompt_text"] = voice.prompt_text
+    def stream(self, req: SynthesisRequest, surface: str, received: float | None = None) -> Iterator[np.ndarray]:
+        """Audio chunks (float32, `sample_rate`) as the workers make them; metrics under (surface, mode)."""
+        received = time.monotonic() if received is None else received
+        m, labels = self.metrics, (surface, req.mode)
+        seconds, chunks = 0.0, 0
         try:
-            yield from self.pool.synthesize(**request)
-        except QueueFull as e:
-            raise ServiceError(str(e), 429, e.retry_after) from None
-        except JobError as e:
-            raise ServiceError(str(e), 400 if e.user_error else 503) from None
+            for chunk in self.pool.synthesize(self.resolve(req)):
+                if not chunks:
+                    m.first_packet.labels(*labels).observe(time.monotonic() - received)
+                chunks += 1
+                seconds += len(chunk) / self.sample_rate
+                yield chunk
+        except CosyError as e:
+            m.failed(surface, req.mode, e.status, after_audio=chunks > 0)
+            raise
+        m.finished(surface, req.mode, time.monotonic() - received, seconds)
 
-    def synthesize(self, **kw) -> SynthesisResult:
+    def synthesize(self, req: SynthesisRequest, surface: str) -> SynthesisResult:
         """The whole utterance at once (non-streaming synthesis)."""
         start = time.monotonic()
-        chunks = list(self.stream(**{**kw, "stream": False}))
+        chunks = list(self.stream(replace(req, stream=False), surface, start))
         audio = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
         return SynthesisResult(audio, self.sample_rate, time.monotonic() - start)
 
@@ -90,27 +81,16 @@ class FrontendService:
                    overwrite: bool = False) -> dict:
         """Compute a prompt's features once (in a worker) and store them as a saved voice."""
         if not prompt_wav:
-            raise ServiceError("a saved voice needs a prompt audio")
+            raise SynthesisError("a saved voice needs a prompt audio")
         if not (prompt_text or "").strip():
-            raise ServiceError("a saved voice needs the prompt's transcript (prompt_text)")
-        try:
-            from cosy.deploy.voices import check_voice_id
-            check_voice_id(voice_id)
-            features = self.pool.prompt_features(str(prompt_wav))
-            v = self.data.voices.save(voice_id, prompt_text.strip(), features, overwrite=overwrite)
-        except VoiceError as e:
-            raise ServiceError(str(e), 409 if "exists" in str(e) else 400) from None
-        except QueueFull as e:
-            raise ServiceError(str(e), 429, e.retry_after) from None
-        except JobError as e:
-            raise ServiceError(str(e), 400 if e.user_error else 503) from None
+            raise SynthesisError("a saved voice needs the prompt's transcript (prompt_text)")
+        check_voice_id(voice_id)
+        features = self.pool.prompt_features(str(prompt_wav))
+        v = self.data.voices.save(voice_id, prompt_text.strip(), features, overwrite=overwrite)
         return {"voice_id": v.voice_id, "prompt_text": v.prompt_text, "created_at": v.created_at}
 
     def list_voices(self) -> list[dict]:
         return self.data.voices.list()
 
     def delete_voice(self, voice_id: str) -> None:
-        try:
-            self.data.voices.delete(voice_id)
-        except VoiceError as e:
-            raise ServiceError(str(e), 404 if "unknown voice" in str(e) else 400) from None
+        self.data.voices.delete(voice_id)

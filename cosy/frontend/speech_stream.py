@@ -1,4 +1,4 @@
-"""One speech request of the HTTP APIs: saved voice -> shared worker queue -> volume, rate -> encoded bytes.
+"""One speech request of the HTTP APIs: synthesis (shared worker queue) -> volume, rate -> encoded bytes.
 
 The blocking part (waiting in the queue, the chunks, resampling and encoding) runs in a thread of its own
 per request, not in the event loop nor in its small thread pool: a frontend may hold as many open streams
@@ -16,27 +16,22 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 
 from cosy.frontend.audio_out import OutputAudio
-from cosy.frontend.encoding import EncodingError, make_encoder
-from cosy.frontend.metrics import Metrics
+from cosy.frontend.encoding import make_encoder
 from cosy.frontend.reference_audio import ReferenceAudios
-from cosy.frontend.service import FrontendService, ServiceError
-
-ENGINE_SPEED = (0.5, 2.0)  # what the engine's flow (mel-length scaling) accepts
+from cosy.frontend.service import FrontendService
+from cosy.pipeline.request import SynthesisRequest
 
 
 @dataclass
 class SpeechRequest:
-    mode: str  # zero_shot (the voice's saved transcript), cross_lingual or instruct
-    text: str
-    voice_id: str
-    instruct: str = ""
-    speed: float = 1.0  # within ENGINE_SPEED
-    seed: int | None = None
+    """What to synthesize (`synthesis.voice_id`: a reference audio / saved voice) and how to encode it."""
+
+    synthesis: SynthesisRequest
+    surface: str  # "pai" or "openai" (metrics)
     fmt: str = "wav"
     sample_rate: int = 24000
     bit_rate: int | None = None
     volume: float = 1.0
-    stream: bool = True  # streaming synthesis and encoders; False: whole sentences, exact file headers
 
 
 @dataclass
@@ -50,16 +45,11 @@ class Piece:
 
 def _pieces(service: FrontendService, refs: ReferenceAudios, req: SpeechRequest,
             received: float) -> Iterator[Piece]:
-    """The blocking pipeline; raises ServiceError."""
+    """The blocking pipeline; raises CosyError."""
+    encoder = make_encoder(req.fmt, req.sample_rate, bit_rate=req.bit_rate, streaming=req.synthesis.stream)
     try:
-        encoder = make_encoder(req.fmt, req.sample_rate, bit_rate=req.bit_rate, streaming=req.stream)
-    except EncodingError as e:
-        raise ServiceError(str(e)) from None
-    try:
-        common = dict(text=req.text, seed=req.seed, speed=req.speed, stream=req.stream)
-        refs.get(req.voice_id)  # 400/404 in the API's words
-        mode = "voice" if req.mode == "zero_shot" else req.mode  # the stored transcript is the prompt text
-        chunks = service.stream(mode, voice_id=req.voice_id, instruct_text=req.instruct, **common)
+        refs.get(req.synthesis.voice_id)  # 400/404 in the API's words
+        chunks = service.stream(req.synthesis, req.surface, received)
         out = OutputAudio(service.sample_rate, req.sample_rate, req.volume)
         try:
             t = time.monotonic()
@@ -117,34 +107,25 @@ async def _in_thread(make: Callable[[], Iterator]) -> AsyncIterator:
         stop.set()
 
 
-async def open_speech(service: FrontendService, refs: ReferenceAudios, req: SpeechRequest, *,
-                      metrics: Metrics, api: str, received: float) -> AsyncIterator[Piece]:
-    """Start a request and wait for its first piece (ServiceError before any audio); then iterate them all.
-
-    Records first-packet latency, real-time factor and audio seconds under the label `api`."""
+async def open_speech(service: FrontendService, refs: ReferenceAudios, req: SpeechRequest,
+                      received: float) -> AsyncIterator[Piece]:
+    """Start a request and wait for its first piece (CosyError before any audio); then iterate them all.
+    The service records the synthesis metrics."""
     pieces = _in_thread(lambda: _pieces(service, refs, req, received))
     try:
         first = await pieces.__anext__()
     except BaseException:
         await pieces.aclose()
         raise
-    metrics.first_packet.labels(api).observe(first.elapsed)
 
     async def all_pieces() -> AsyncIterator[Piece]:
-        seconds = 0.0
         try:
             piece = first
             while True:
-                seconds += piece.seconds
-                if piece.last:
-                    metrics.finished(api, piece.elapsed, seconds)
                 yield piece
                 if piece.last:
                     return
                 piece = await pieces.__anext__()
-        except ServiceError:
-            metrics.stream_errors.labels(api).inc()
-            raise
         finally:
             await pieces.aclose()
 

@@ -13,12 +13,16 @@ from pathlib import Path
 import gradio as gr
 import numpy as np
 
+from cosy.errors import BadRequest
+from cosy.frontend.encoding import wav_bytes
 from cosy.frontend.gradio_api import stored_upload, user_errors, wav_file
-from cosy.frontend.service import FrontendService, ServiceError, wav_bytes
+from cosy.frontend.service import FrontendService
+from cosy.pipeline.request import SPEED_RANGE, SynthesisRequest, as_number
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
-MODES = [("预设音色 Saved voice", "voice"), ("3s极速复刻 Zero-shot clone", "zero_shot"),
-         ("跨语种复刻 Cross-lingual", "cross_lingual"), ("自然语言控制 Instruct", "instruct")]
+# the served modes (cosy.pipeline.request.SERVED_MODES), in the order the page offers them
+MODE_LABELS = {"voice": "预设音色 Saved voice", "zero_shot": "3s极速复刻 Zero-shot clone",
+               "cross_lingual": "跨语种复刻 Cross-lingual", "instruct": "自然语言控制 Instruct"}
 HELP = {
     "voice": "选择一个已保存的音色。 Pick a voice saved earlier (see *保存音色 Save this voice* below).",
     "zero_shot": "上传或录制 3-30 秒的 prompt 音频，并填写它的文本。 Upload or record a 3-30 s prompt and "
@@ -43,16 +47,19 @@ def _voice_ids(service: FrontendService) -> list[str]:
 
 
 def _request(service: FrontendService, mode: str, text: str, prompt_wav: str | None, prompt_text: str,
-             instruct_text: str, voice_id: str | None, seed: float | None, speed: float) -> dict:
-    """The service call for the UI's current values (only the fields the mode uses)."""
-    req = dict(mode=mode, text=text, seed=int(seed) if seed is not None else None, speed=float(speed))
+             instruct_text: str, voice_id: str | None, seed: float | None, speed: float,
+             stream: bool) -> SynthesisRequest:
+    """The request for the UI's current values (only the fields the mode uses)."""
+    req = SynthesisRequest(mode=mode, text=text, seed=as_number(seed, "seed", int), speed=as_number(speed, "speed"),
+                           stream=stream)
     if mode == "voice":
-        return {**req, "voice_id": voice_id}
-    req["prompt_wav"] = stored_upload(service, prompt_wav)
+        req.voice_id = voice_id
+        return req
+    req.prompt_wav = stored_upload(service, prompt_wav)
     if mode == "zero_shot":
-        req["prompt_text"] = prompt_text
+        req.prompt_text = prompt_text
     elif mode == "instruct":
-        req["instruct_text"] = instruct_text
+        req.instruct_text = instruct_text
     return req
 
 
@@ -65,16 +72,17 @@ def _generate(service: FrontendService):
         yield gr.skip(), gr.skip(), gr.skip(), "合成中 Synthesizing…"
         try:
             with user_errors():
-                req = _request(service, mode, text, prompt_wav, prompt_text, instruct_text, voice_id, seed, speed)
+                req = _request(service, mode, text, prompt_wav, prompt_text, instruct_text, voice_id, seed, speed,
+                               bool(stream))
                 progress((0, None), desc="合成中 Synthesizing")
-                for chunk in service.stream(**req, stream=bool(stream)):
+                for chunk in service.stream(req, "webui"):
                     chunks.append(chunk)
                     made += len(chunk) / sr
                     status = f"合成中… {made:.1f} s 音频 / Synthesizing… {made:.1f} s of audio so far"
                     progress((len(chunks), None), desc="合成中 Synthesizing", unit="chunks" if stream else "parts")
                     yield (wav_bytes(chunk, sr) if stream else gr.skip()), gr.skip(), gr.skip(), status
                 if not chunks:
-                    raise ServiceError("nothing was synthesized; check the text")
+                    raise BadRequest("nothing was synthesized; check the text")
                 path = wav_file(np.concatenate(chunks), sr, f"cosy-{mode}")
         except gr.Error as e:
             yield gr.skip(), gr.skip(), gr.skip(), f"出错 Error: {e.message}"  # the toast says it too
@@ -112,7 +120,7 @@ def build(service: FrontendService, title: str = "CosyVoice2 语音合成 · Tex
     with gr.Blocks(title="cosy · CosyVoice2", delete_cache=(600, 3600)) as blocks:
         gr.Markdown(f"# {title}\nCosyVoice2 · cosy. 24 kHz; 相同种子与输入得到相同音频 / the same seed and "
                     "inputs give the same audio.")
-        mode = gr.Radio(MODES, value="zero_shot", label="推理模式 Mode", elem_id="mode")
+        mode = gr.Radio([(label, m) for m, label in MODE_LABELS.items()], value="zero_shot", label="推理模式 Mode", elem_id="mode")
         mode_help = gr.Markdown(HELP["zero_shot"])
         text = gr.Textbox(label="合成文本 Text to speak", lines=3, elem_id="tts_text",
                           value="收到好友从远方寄来的生日礼物，那份意外的惊喜让我心中充满了甜蜜的快乐。")
@@ -135,7 +143,7 @@ def build(service: FrontendService, title: str = "CosyVoice2 语音合成 · Tex
                 with gr.Row():
                     seed = gr.Number(value=0, precision=0, label="随机种子 Seed", elem_id="seed", scale=4)
                     dice = gr.Button("🎲", elem_id="dice", scale=0, min_width=60)
-                speed = gr.Slider(0.5, 2.0, value=1.0, step=0.05, label="语速 Speed", elem_id="speed")
+                speed = gr.Slider(*SPEED_RANGE, value=1.0, step=0.05, label="语速 Speed", elem_id="speed")
                 stream = gr.Checkbox(False, label="流式合成 Streaming" + ("" if can_stream else
                                      " (needs ffmpeg on the server)"), interactive=can_stream, elem_id="stream")
         go = gr.Button("生成音频 Generate", variant="primary", elem_id="generate")

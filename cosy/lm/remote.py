@@ -18,12 +18,13 @@ import openai
 import torch
 from torch import Tensor
 
+from cosy.errors import Unavailable
 from cosy.lm.sampling import STOP_TOKENS, SamplingParams
 
 SPEECH_VOCAB = 6564  # speech tokens 0..6560 and the stop ids 6561..6563
 
 
-class BackendError(RuntimeError):
+class BackendError(Unavailable, RuntimeError):
     """The LM backend failed or is misconfigured; the message names the backend and the fix."""
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from cosy.errors import CosyError
 from cosy.model.config import ModelConfig, read_model_config
 
 YAML = "cosyvoice2.yaml"
@@ -23,7 +24,7 @@ QWEN_DIR = "CosyVoice-BlankEN"
 ALL_FILES = (YAML, LLM, FLOW, HIFT, CAMPPLUS, SPEECH_TOKENIZER, QWEN_DIR)
 
 
-class ModelDirError(ValueError):
+class ModelDirError(CosyError, ValueError):
     """A model directory is missing a file, or a file is corrupt or does not match the yaml."""
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Protocol
 
@@ -29,6 +28,7 @@ from cosy.lm.prompt import PromptEmbedder
 from cosy.lm.sampling import SamplingParams
 from cosy.pipeline.token2wav import load_token2wav
 from cosy.model.files import QWEN_DIR, ModelDir
+from cosy.pipeline.request import SynthesisError, SynthesisRequest
 from cosy.prompt.encoder import PromptFeatures, VoicePromptEncoder
 from cosy.text.frontend import TextFrontend
 from cosy.text.tokenizer import ENDOFPROMPT_ID, TextTokenizer
@@ -36,13 +36,7 @@ from cosy.pipeline.token2wav import FlowPrompt, Token2Wav
 
 log = logging.getLogger(__name__)
 
-MODES = ("zero_shot", "cross_lingual", "instruct", "voice", "vc")
-MAX_TEXT_CHARS = 20000
 ENDOFPROMPT = "<|endofprompt|>"
-
-
-class SynthesisError(ValueError):
-    """A request that cannot be synthesized; the message says what to change."""
 
 
 class SpeechTokenLM(Protocol):
@@ -50,23 +44,6 @@ class SpeechTokenLM(Protocol):
 
     def generate(self, prompt_embeds: Tensor, min_len: int, max_len: int, seed: int | None = None,
                  params: SamplingParams | None = None) -> Iterator[int]: ...
-
-
-@dataclass
-class SynthesisRequest:
-    """One request. `voice` (saved voice features) replaces `prompt_wav` in mode 'voice'."""
-
-    mode: str
-    text: str = ""
-    prompt_text: str = ""
-    prompt_wav: object = None  # path, bytes or (array, rate)
-    instruct_text: str = ""
-    voice: PromptFeatures | None = None
-    source_wav: object = None  # mode 'vc': the speech to convert
-    stream: bool = False
-    speed: float = 1.0
-    seed: int | None = None
-    greedy: bool = False  # argmax decoding instead of RAS (comparisons between LM engines)
 
 
 class Engine:
@@ -104,10 +81,7 @@ class Engine:
 
     def synthesize(self, req: SynthesisRequest) -> Iterator[Tensor]:
         """Yield (N,) float32 audio chunks in order: one per sentence, or streaming chunks."""
-        if req.mode not in MODES:
-            raise SynthesisError(f"unknown mode '{req.mode}' (choose from {', '.join(MODES)})")
-        if not 0.5 <= req.speed <= 2.0:
-            raise SynthesisError(f"speed {req.speed} is out of range (0.5 to 2.0)")
+        req.check()
         seed = req.seed if req.seed is not None else random.randrange(2**31)
         features = self._features(req)
         flow_prompt = FlowPrompt(features.speech_tokens, features.mel, features.embedding)
@@ -152,8 +126,6 @@ class Engine:
     def _segments(self, text: str) -> list[tuple[str, list[int]]]:
         if not text or not text.strip():
             raise SynthesisError("text is empty")
-        if len(text) > MAX_TEXT_CHARS:
-            raise SynthesisError(f"text is {len(text)} characters; the limit is {MAX_TEXT_CHARS}")
         segments = [(s, ids) for s, ids in self.text.segments(text) if ids]
         if not segments:
             raise SynthesisError("text has nothing to speak (only punctuation or symbols)")

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from cosy.audio.features import flow_mel, kaldi_fbank, whisper_log_mel
@@ -33,6 +34,14 @@ class PromptFeatures:
     speech_tokens: torch.Tensor  # (1, Tp) int32, 25 Hz, ids 0..6560
     mel: torch.Tensor  # (1, 2*Tp, 80) float32, 50 Hz natural-log mel, aligned to the tokens
     embedding: torch.Tensor  # (1, 192) float32 CAM++ speaker embedding
+
+    def to_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(tokens, mel, embedding) as numpy arrays: what crosses a process boundary."""
+        return self.speech_tokens.numpy(), self.mel.numpy(), self.embedding.numpy()
+
+    @classmethod
+    def from_arrays(cls, arrays: tuple[np.ndarray, np.ndarray, np.ndarray]) -> "PromptFeatures":
+        return cls(*(torch.from_numpy(np.asarray(a)) for a in arrays))
 
 
 def align(tokens: torch.Tensor, mel: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

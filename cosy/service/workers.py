@@ -21,24 +21,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from cosy.errors import Busy, JobError
+from cosy.pipeline.request import SynthesisRequest
+from cosy.prompt.encoder import PromptFeatures
+
 log = logging.getLogger(__name__)
-USER_ERRORS = ("SynthesisError", "AudioError", "VoiceError", "VoiceLimitError")
 
 
-class QueueFull(RuntimeError):
+class QueueFull(Busy):
     def __init__(self, waiting: int, retry_after: float):
-        super().__init__(f"the server is busy ({waiting} requests waiting); retry in {retry_after:.0f} s")
-        self.retry_after = retry_after
-
-
-class JobError(RuntimeError):
-    """A job failed in its worker. `kind` is the original exception class name; `user_error` tells a bad
-    request (HTTP 4xx) from a server-side failure (5xx)."""
-
-    def __init__(self, kind: str, message: str):
-        super().__init__(message)
-        self.kind = kind
-        self.user_error = kind in USER_ERRORS
+        super().__init__(f"the server is busy ({waiting} requests waiting); retry in {retry_after:.0f} s",
+                         retry_after=retry_after)
 
 
 @dataclass
@@ -56,7 +49,7 @@ class EngineSpec:
 @dataclass
 class Job:
     id: int
-    kind: str  # "synthesize" or "features"
+    kind: str  # "synthesize" (payload: SynthesisRequest.to_wire()) or "features" (payload: {"source": path})
     payload: dict
     out: queue.Queue = field(default_factory=queue.Queue)  # ("chunk"|"result"|"done"|"error", data)
     cancelled: threading.Event = field(default_factory=threading.Event)
@@ -67,8 +60,7 @@ def _worker_main(spec: EngineSpec, conn) -> None:
     """Worker process: build the engine, then run one job at a time from the dispatcher."""
     import torch
 
-    from cosy.pipeline.engine import Engine, SynthesisRequest
-    from cosy.prompt.encoder import PromptFeatures
+    from cosy.pipeline.engine import Engine
 
     torch.set_num_threads(spec.threads or max(1, (os.cpu_count() or 1)))
     try:
@@ -84,13 +76,9 @@ def _worker_main(spec: EngineSpec, conn) -> None:
         job_id, kind, payload = msg
         try:
             if kind == "features":
-                f = engine.prompt_features(payload["source"])
-                conn.send(("result", job_id, (f.speech_tokens.numpy(), f.mel.numpy(), f.embedding.numpy())))
+                conn.send(("result", job_id, engine.prompt_features(payload["source"]).to_arrays()))
             else:
-                voice = payload.pop("voice", None)
-                if voice is not None:
-                    payload["voice"] = PromptFeatures(*(torch.from_numpy(a) for a in voice))
-                chunks = engine.synthesize(SynthesisRequest(**payload))
+                chunks = engine.synthesize(SynthesisRequest.from_wire(payload))
                 for chunk in chunks:
                     conn.send(("chunk", job_id, chunk.numpy()))
                     if conn.poll() and conn.recv() == ("cancel", job_id):
@@ -99,7 +87,7 @@ def _worker_main(spec: EngineSpec, conn) -> None:
             conn.send(("done", job_id, None))
         except Exception as e:
             log.debug("job %s failed", job_id, exc_info=True)
-            conn.send(("error", job_id, (type(e).__name__, str(e))))
+            conn.send(("error", job_id, JobError.wire(e)))
 
 
 class WorkerPool:
@@ -166,7 +154,7 @@ class WorkerPool:
                 conn.send((job.id, job.kind, job.payload))
                 self._relay(job, conn)
             except (EOFError, OSError):
-                job.out.put(("error", ("WorkerCrashed", "the synthesis worker stopped unexpectedly; retry")))
+                job.out.put(("error", ("WorkerCrashed", "the synthesis worker stopped unexpectedly; retry", 503, None)))
                 if self._closing:
                     return
                 log.error("worker %d died; restarting it", index)
@@ -215,24 +203,17 @@ class WorkerPool:
         finally:
             job.cancelled.set()  # no-op when finished; stops the worker when the caller went away
 
-    def synthesize(self, **request) -> Iterator[np.ndarray]:
-        """Submit a synthesis (the fields of `cosy.pipeline.engine.SynthesisRequest`; `voice` as PromptFeatures);
-        yield (N,) float32 chunks at `sample_rate`."""
-        voice = request.get("voice")
-        if voice is not None:
-            request["voice"] = (voice.speech_tokens.numpy(), voice.mel.numpy(), voice.embedding.numpy())
-        job = self.submit("synthesize", request)
+    def synthesize(self, request: SynthesisRequest) -> Iterator[np.ndarray]:
+        """Queue a synthesis; yield (N,) float32 chunks at `sample_rate` (QueueFull at once when full)."""
+        job = self.submit("synthesize", request.to_wire())
         for _, chunk in self._results(job):
             yield chunk
 
-    def prompt_features(self, source: str):
+    def prompt_features(self, source: str) -> PromptFeatures:
         """Prompt audio file -> PromptFeatures, computed in a worker (the ONNX models live there)."""
-        import torch
-
-        from cosy.prompt.encoder import PromptFeatures
         for _, arrays in self._results(self.submit("features", {"source": str(source)})):
-            return PromptFeatures(*(torch.from_numpy(a) for a in arrays))
-        raise JobError("WorkerCrashed", "no result")
+            return PromptFeatures.from_arrays(arrays)
+        raise JobError("WorkerCrashed", "no result", 503)
 
     def alive(self) -> bool:
         """Every worker process is running (a crashed one is restarted with its next job)."""

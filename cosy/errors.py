@@ -1,0 +1,93 @@
+"""The errors every layer raises, each carrying the HTTP status it maps to (one definition of that mapping).
+
+    raise NotFound("unknown voice 'alice'")          # -> 404 on every surface
+    raise Busy("retry later", retry_after=3.0)        # -> 429 with Retry-After
+
+A surface never inspects a message to choose a status: it reads `status` (and `retry_after`). Errors with
+status < 500 are the caller's to fix (their message says how); 5xx are ours or a dependency's. The
+domain errors (`SynthesisError`, `AudioError`, `VoiceError`, `BackendError`, ...) subclass these, and an
+error that crossed the worker-process hop comes back as `JobError` with the same status and message.
+"""
+from __future__ import annotations
+
+
+class CosyError(Exception):
+    """Base class; `status` is the class default unless given, `retry_after` is seconds (429/503) or None."""
+
+    status = 500
+
+    def __init__(self, message: str, status: int | None = None, retry_after: float | None = None):
+        super().__init__(message)
+        if status is not None:
+            self.status = status
+        self.retry_after = retry_after
+
+    @property
+    def message(self) -> str:
+        return str(self)
+
+
+class BadRequest(CosyError, ValueError):
+    """The request cannot be served as sent (400); the message names the field and what is allowed."""
+
+    status = 400
+
+
+class Unauthorized(CosyError):
+    status = 401
+
+
+class NotFound(BadRequest):
+    status = 404
+
+
+class Conflict(BadRequest):
+    status = 409
+
+
+class PayloadTooLarge(BadRequest):
+    status = 413
+
+
+class UnsupportedMedia(BadRequest):
+    status = 415
+
+
+class Busy(CosyError):
+    """Every slot and queue place is taken (429): retry after `retry_after` seconds."""
+
+    status = 429
+
+
+class Unavailable(CosyError):
+    """A dependency (the LM backend, a worker) cannot serve now (503)."""
+
+    status = 503
+
+
+class JobError(CosyError):
+    """A job failed in a worker process: the original error's class name (`kind`), message and status."""
+
+    def __init__(self, kind: str, message: str, status: int = 500, retry_after: float | None = None):
+        super().__init__(message, status, retry_after)
+        self.kind = kind
+
+    @classmethod
+    def wire(cls, e: BaseException) -> tuple[str, str, int, float | None]:
+        """What the worker sends for `e` (plain values): a non-cosy exception is a 500."""
+        if isinstance(e, CosyError):
+            return type(e).__name__, str(e), e.status, e.retry_after
+        return type(e).__name__, f"{type(e).__name__}: {e}", 500, None
+
+
+def error_type(status: int) -> str:
+    """The `type` of the JSON error shape (OpenAI's) for an HTTP status."""
+    if status == 401:
+        return "unauthorized"
+    if status == 404:
+        return "not_found"
+    if status == 429:
+        return "rate_limited"
+    if status in (502, 503, 504):
+        return "unavailable"
+    return "server_error" if status >= 500 else "invalid_request_error"
