@@ -1,0 +1,110 @@
+"""cosy's import structure: the library never imports `launch` (scripts import the library, not back), and
+cosy's modules have no import cycles at module level (a cycle makes import order matter and half-initialised
+modules possible)."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PKG = ROOT / "cosy"
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for f in sorted(PKG.rglob("*.py")):
+        parts = list(f.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = f
+    return out
+
+
+MODULES = modules()
+
+
+def _absolute(node: ast.ImportFrom, module: str, path: Path) -> str:
+    if not node.level:
+        return node.module or ""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    base = package.split(".")[: len(package.split(".")) - node.level + 1]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _known(name: str) -> str | None:
+    """The cosy module `name` resolves to: itself, else its longest prefix that is a module."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def imported_names(tree: ast.AST, module: str, path: Path, nodes) -> set[str]:
+    """Dotted names of every import among `nodes`, absolute; `from x import y` gives x.y where that is a module."""
+    out = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = _absolute(node, module, path)
+            out.add(base)
+            out |= {f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in MODULES}
+    return out
+
+
+def module_level_edges() -> dict[str, set[str]]:
+    """module -> cosy modules it imports at module level (top-level statements, including under if/try)."""
+    edges = {}
+    for module, path in MODULES.items():
+        tree = ast.parse(path.read_text(), str(path))
+        nodes, todo = [], list(tree.body)
+        while todo:  # module level: the top-level statements and the blocks of top-level if/try/with
+            node = todo.pop()
+            nodes.append(node)
+            if isinstance(node, (ast.If, ast.Try, ast.With)):
+                todo += [*node.body, *getattr(node, "orelse", []), *getattr(node, "finalbody", []),
+                         *[s for h in getattr(node, "handlers", []) for s in h.body]]
+        names = imported_names(tree, module, path, nodes)
+        edges[module] = {k for n in names if n.split(".")[0] == "cosy" and (k := _known(n)) and k != module}
+    return edges
+
+
+def find_cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    cycles, state, stack = [], {}, []
+
+    def visit(u: str) -> None:
+        state[u] = "open"
+        stack.append(u)
+        for v in sorted(edges.get(u, ())):
+            if state.get(v) == "open":
+                cycles.append(stack[stack.index(v):] + [v])
+            elif v not in state:
+                visit(v)
+        stack.pop()
+        state[u] = "done"
+
+    for m in sorted(edges):
+        if m not in state:
+            visit(m)
+    return cycles
+
+
+def test_library_never_imports_launch():
+    bad = []
+    for module, path in MODULES.items():
+        tree = ast.parse(path.read_text(), str(path))
+        for n in imported_names(tree, module, path, ast.walk(tree)):  # also imports inside functions
+            if n == "launch" or n.startswith("launch."):
+                bad.append(f"{path.relative_to(ROOT)} imports {n}")
+    assert not bad, "\n".join(bad)
+
+
+def test_no_import_cycles_between_cosy_modules():
+    cycles = find_cycles(module_level_edges())
+    for c in cycles:
+        print("import cycle:", " -> ".join(c))
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_cycle_finder_finds_a_cycle():
+    assert find_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+    assert find_cycles({"a": {"b"}, "b": set()}) == []
