@@ -28,6 +28,11 @@ MEDIA_TYPES = {"mp3": "audio/mpeg", "opus": "audio/ogg", "aac": "audio/aac", "fl
 _FFMPEG = {"mp3": ("mp3", "libmp3lame", 64000), "opus": ("ogg", "libopus", 32000),
            "aac": ("adts", "aac", 64000), "flac": ("flac", "flac", None)}
 OPUS_RATES = (8000, 12000, 16000, 24000, 48000)
+# A requested bit rate is what the codec aims at, capped at what it can do for mono at the sample rate:
+# LAME and ffmpeg's aac cap it themselves (mp3: 160k at <= 24 kHz (MPEG-2), 320k at 32-48 kHz, at least
+# 32k at 32-48 kHz; aac: about 6144 bit per 1024-sample frame), libopus refuses more than 256k for mono,
+# so we cap opus here. So every published bit rate ("16k" ... "384k") works at every sample rate.
+OPUS_MAX_BIT_RATE = 256000
 _UNKNOWN = 0xFFFFFFFF
 
 
@@ -133,7 +138,8 @@ class FFmpegEncoder(AudioEncoder):
         try:
             self._stream = self._container.add_stream(codec, rate=sample_rate, layout="mono")
             if fmt != "flac" and (bit_rate or default_rate):
-                self._stream.codec_context.bit_rate = int(bit_rate or default_rate)
+                rate = int(bit_rate or default_rate)
+                self._stream.codec_context.bit_rate = min(rate, OPUS_MAX_BIT_RATE) if fmt == "opus" else rate
             self._stream.codec_context.open()  # now, so that bad settings fail before synthesis starts
         except (av.FFmpegError, ValueError) as e:
             self.close()

@@ -15,6 +15,8 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 
+import numpy as np
+
 from cosy.frontend.audio_out import OutputAudio
 from cosy.frontend.encoding import make_encoder
 from cosy.frontend.reference_audio import ReferenceAudios
@@ -34,10 +36,15 @@ class SpeechRequest:
     volume: float = 1.0
 
 
+# the last few ms of audio are always held back until the next chunk or the end, so that the tail (the
+# last piece) carries audio too: every PAI event with audio has speech_len > 0, even for wav and pcm
+HOLD_SECONDS = 0.02
+
+
 @dataclass
 class Piece:
     data: bytes  # the next bytes of the encoded file
-    seconds: float  # synthesized audio in this piece
+    seconds: float  # audio handed to the encoder for this piece (at the output rate)
     generate_time: float  # waiting for this piece's audio (for the first: queue + synthesis)
     elapsed: float  # since the request was received
     last: bool = False  # the encoder's tail; nothing follows
@@ -51,17 +58,22 @@ def _pieces(service: FrontendService, refs: ReferenceAudios, req: SpeechRequest,
         refs.get(req.synthesis.voice_id)  # 400/404 in the API's words
         chunks = service.stream(req.synthesis, req.surface, received)
         out = OutputAudio(service.sample_rate, req.sample_rate, req.volume)
+        hold, held = max(1, round(HOLD_SECONDS * req.sample_rate)), np.zeros(0, np.float32)
         try:
             t = time.monotonic()
             for chunk in chunks:
                 now = time.monotonic()
-                data = encoder.encode(out.push(chunk))
-                yield Piece(data, len(chunk) / service.sample_rate, now - t, now - received)
+                audio = np.concatenate([held, out.push(chunk)])
+                cut = max(0, len(audio) - hold)
+                audio, held = audio[:cut], audio[cut:]
+                data = encoder.encode(audio)
+                yield Piece(data, len(audio) / req.sample_rate, now - t, now - received)
                 t = time.monotonic()
         finally:
             chunks.close()  # cancels the job if we stopped early
-        tail = encoder.encode(out.finish()) + encoder.finish()
-        yield Piece(tail, 0.0, 0.0, time.monotonic() - received, last=True)
+        audio = np.concatenate([held, out.finish()])
+        tail = encoder.encode(audio) + encoder.finish()
+        yield Piece(tail, len(audio) / req.sample_rate, 0.0, time.monotonic() - received, last=True)
     finally:
         encoder.close()
 
