@@ -6,12 +6,14 @@ import base64
 import io
 import json
 import time
+import uuid
 
 import httpx
 import numpy as np
 import openai
 import pytest
 import soundfile as sf
+import av
 from http_stack import KEY, MEDIUM, RATE, SHORT, ZS_TEXT, ZS_WAV, _decode, _error, _pai, _tree
 
 
@@ -67,6 +69,137 @@ def test_pai_non_streaming_rate_volume_and_modes(stack):
         assert r.json()["metrics"]["speech_len"] > 0
 
 
+# --- the published layout (PAI-API.md): options inside `input`, answers with `error` (and `metrics`) ---------
+
+PUBLISHED_MODES = (("fast_replication", {}), ("cross_lingual_replication", {}),
+                   ("natural_language_replication", {"instruct": "用四川话说这句话"}))
+
+
+def _published(stack, mode="fast_replication", stream=True, text=SHORT, **options) -> dict:
+    """A request as the published examples write it: only model, input and stream at the top level."""
+    extra = dict(PUBLISHED_MODES)[mode]
+    return {"model": "CosyVoice2-0.5B", "stream": stream,
+            "input": {"mode": mode, "text": text, "reference_audio_id": stack.ref, **extra, **options}}
+
+
+def _speak(stack, body: dict) -> tuple[bytes, list[dict]]:
+    """(the audio file, the answers): one JSON answer, or every SSE event, as the published clients read them."""
+    url = f"{stack.url}/api/v1/audio/speech"
+    if not body.get("stream", True):
+        r = httpx.post(url, json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        events = [r.json()]
+    else:
+        events = []
+        with httpx.stream("POST", url, json=body, timeout=120) as r:
+            assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    events.append(json.loads(line[6:]))
+    for e in events:  # what the published streaming client reads from every event
+        assert e["error"] is None, e
+        assert e["request_id"] == events[0]["request_id"]
+        assert set(e["output"]) == {"finish_reason", "audio"} and e["output"]["audio"]["data"]
+    assert [e["output"]["finish_reason"] for e in events] == [None] * (len(events) - 1) + ["stop"]
+    return b"".join(base64.b64decode(e["output"]["audio"]["data"]) for e in events), events
+
+
+def _av_decode(data: bytes) -> tuple[np.ndarray, int, str]:
+    """(float samples, rate, container format as probed from the bytes) by ffmpeg's decoders."""
+    with av.open(io.BytesIO(data)) as c:
+        codec = c.format.name
+        frames = list(c.decode(audio=0))
+    return np.concatenate([f.to_ndarray().reshape(-1) for f in frames]), frames[0].sample_rate, codec
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["http", "sse"])
+def test_published_example_requests_in_every_mode(stack, stream):
+    for mode, _ in PUBLISHED_MODES:
+        body = _published(stack, mode, stream, output_format="mp3", sample_rate=32000, bit_rate="48k",
+                          volume=1.0, speed=1.0, debug=True, seed=5)
+        mp3, events = _speak(stack, body)
+        audio, rate, codec = _av_decode(mp3)
+        assert (codec, rate) == ("mp3", 32000) and len(audio) > rate // 4, (mode, codec, rate)
+        for e in events:
+            m = e["metrics"]
+            assert m["speech_len"] > 0 and m["server_cost_time"] > 0 and m["generate_time"] >= 0, (mode, m)
+        assert abs(sum(e["metrics"]["speech_len"] for e in events) - len(audio) / rate) < 0.15
+        assert events[-1]["usage"] == {"characters": len(SHORT)}
+        if stream:
+            assert len(events) >= 2
+    # without debug: no metrics, still `error` in every event (checked by _speak); defaults: wav at 24 kHz
+    wav, events = _speak(stack, _published(stack, stream=stream, seed=5))
+    assert all("metrics" not in e for e in events)
+    info = sf.info(io.BytesIO(wav))
+    assert (info.format, info.samplerate) == ("WAV", RATE)
+
+
+def test_published_volume_speed_rate_and_format_are_applied(stack):
+    def pcm(**options) -> np.ndarray:
+        data, _ = _speak(stack, _published(stack, stream=False, text=MEDIUM, output_format="pcm", seed=11, **options))
+        return np.frombuffer(data, "<i2").astype(np.float64)
+
+    base, loud, fast = pcm(), pcm(volume=2.0), pcm(speed=1.2)
+    assert len(loud) == len(base)
+    unclipped = np.abs(loud) < 32000
+    ratio = np.sqrt(np.mean(loud[unclipped] ** 2) / np.mean(base[unclipped] ** 2))
+    assert 1.95 < ratio < 2.05, ratio  # same seed: the same audio, twice as loud where not clipped
+    assert 0.8 < len(fast) / len(base) < 0.87, len(fast) / len(base)  # ~1 / 1.2
+    # the issue's example: mp3 at 32000 Hz, volume 2.0, speed 1.2, streamed
+    mp3, events = _speak(stack, _published(stack, text=MEDIUM, output_format="mp3", sample_rate=32000,
+                                           bit_rate="64k", volume=2.0, speed=1.2, debug=True, seed=11))
+    audio, rate, codec = _av_decode(mp3)
+    assert (codec, rate) == ("mp3", 32000)
+    assert abs(len(audio) / rate - len(fast) / RATE) < 0.15  # speed 1.2
+    assert np.sqrt(np.mean(audio ** 2)) > 1.6 * np.sqrt(np.mean((base / 32768) ** 2))  # volume 2 (mp3: roughly)
+    assert all(e["metrics"]["speech_len"] > 0 for e in events)
+    # published bit rates are strings; the file size follows them
+    sizes = {}
+    for bit_rate in ("32k", "128k"):
+        data, _ = _speak(stack, _published(stack, stream=False, output_format="mp3", bit_rate=bit_rate, seed=5))
+        sizes[bit_rate] = len(data)
+    assert sizes["128k"] > 2.5 * sizes["32k"]
+    # every published bit rate works at every example rate, capped where the codec can do less (documented)
+    for fmt in ("mp3", "opus", "aac"):
+        data, _ = _speak(stack, _published(stack, stream=False, output_format=fmt, sample_rate=24000,
+                                           bit_rate="384k", seed=5))
+        assert _av_decode(data)[1] in (24000, 48000), fmt  # ffmpeg decodes opus at 48 kHz
+
+
+def test_published_and_top_level_layouts_together(stack):
+    top, _ = _speak(stack, {"model": "CosyVoice2-0.5B", "stream": False, "output_format": "pcm", "seed": 5,
+                            "input": {"mode": "fast_replication", "text": SHORT, "reference_audio_id": stack.ref}})
+    inside, _ = _speak(stack, _published(stack, stream=False, output_format="pcm", seed=5))
+    assert top == inside  # our earlier top-level layout still works, and means the same
+    same = _published(stack, stream=False, output_format="pcm", seed=5)
+    same.update(output_format="pcm", seed=5)  # the same value in both places is fine
+    assert _speak(stack, same)[0] == inside
+    for field, inner, outer in (("speed", 1.2, 1.0), ("output_format", "mp3", "wav"), ("bit_rate", "48k", 64000),
+                                ("sample_rate", 32000, 24000), ("debug", True, False)):
+        body = _published(stack, **{field: inner})
+        body[field] = outer
+        _error(httpx.post(f"{stack.url}/api/v1/audio/speech", json=body, timeout=60), 400,
+               "invalid_request_error", field, "given twice")
+    assert _speak(stack, {**_published(stack, stream=False, output_format="pcm", seed=5, bit_rate="48k"),
+                          "bit_rate": 48000})[0] == inside  # "48k" == 48000 bit/s: no conflict
+
+
+def test_published_bad_values_are_refused_naming_the_field(stack):
+    url = f"{stack.url}/api/v1/audio/speech"
+    for field, value, words in (("bit_rate", "24k", ("input.bit_rate", "16k, 32k", "384k")),
+                                ("bit_rate", "fast", ("input.bit_rate", "192k")),
+                                ("bit_rate", 1000000, ("input.bit_rate", "384000")),
+                                ("speed", 2.5, ("input.speed", "2")), ("speed", 0.4, ("input.speed", "0.5")),
+                                ("volume", -1, ("input.volume", "0")),
+                                ("sample_rate", 4000, ("input.sample_rate", "8000")),
+                                ("output_format", "ogg", ("input.output_format", "'mp3'", "'pcm'")),
+                                ("debug", "maybe", ("input.debug",))):
+        _error(httpx.post(url, json=_published(stack, **{field: value}), timeout=60), 400, "invalid_request_error",
+               *words)
+    _error(httpx.post(url, json={**_published(stack), "bit_rate": "24k"}, timeout=60), 400,
+           "invalid_request_error", "bit_rate", "192k")
+
+
 def test_reference_audio_create_list_get_delete(stack):
     url = f"{stack.url}/api/v1/audio/reference_audio"
     made = []
@@ -79,7 +212,7 @@ def test_reference_audio_create_list_get_delete(stack):
         r = httpx.post(url, files={"file": (name, data)}, data={"text": ZS_TEXT}, timeout=60)
         assert r.status_code == 200, r.text
         obj = r.json()
-        assert obj["id"].startswith("ref_") and len(obj["id"]) == 16 and obj["filename"] == name
+        assert str(uuid.UUID(obj["id"])) == obj["id"] and obj["filename"] == name  # a UUID, as published
         assert obj["bytes"] == len(data) and obj["text"] == ZS_TEXT and isinstance(obj["created_at"], int)
         made.append(obj)
         time.sleep(1.1)  # distinct created_at seconds
@@ -89,7 +222,8 @@ def test_reference_audio_create_list_get_delete(stack):
     assert oldest[0]["id"] == stack.ref
     assert httpx.get(f"{url}/{made[0]['id']}").json() == made[0]
     r = httpx.delete(f"{url}/{made[0]['id']}")
-    assert r.status_code == 200 and r.json()["code"] == "OK" and r.json()["data"] == {}
+    assert r.status_code == 200
+    assert r.json() == {"code": "OK", "message": f"reference audio: {made[0]['id']} deleted.", "data": {}}
     _error(httpx.get(f"{url}/{made[0]['id']}"), 404, "not_found", made[0]["id"])
     _error(httpx.delete(f"{url}/{made[0]['id']}"), 404, "not_found")
     _error(httpx.get(url, params={"order": "sideways"}), 400, "invalid_request_error", "order")

@@ -1,25 +1,33 @@
-"""The PAI-EAS CosyVoice2 HTTP API (same paths and fields), served by a frontend.
+"""The PAI-EAS CosyVoice2 HTTP API (same paths and fields as published: /work/shared/PAI-API.md), served by a frontend.
 
     POST   /api/v1/audio/reference_audio        multipart: file (wav/mp3/flac/opus/aac/pcm), text
                                                 [, sample_rate: of a .pcm upload, default 16000]
-                                                -> {id, filename, bytes, created_at, text}
+                                                -> {id (a UUID), filename, bytes, created_at, text}
     GET    /api/v1/audio/reference_audio?limit=100&order=desc   -> [reference audio, ...] by created_at
     GET    /api/v1/audio/reference_audio/{id}   -> reference audio
-    DELETE /api/v1/audio/reference_audio/{id}   -> {"code": "OK", "message": ..., "data": {}}
-    POST   /api/v1/audio/speech                 JSON, see PaiSpeech
+    DELETE /api/v1/audio/reference_audio/{id}   -> {"code": "OK", "message": "reference audio: <id> deleted.",
+                                                    "data": {}}
+    POST   /api/v1/audio/speech                 {"model", "stream" (default true), "input": {"mode", "text",
+                                                 "reference_audio_id", "instruct", "sample_rate" (24000),
+                                                 "bit_rate" ("192k"), "volume" (1.0), "speed" (1.0),
+                                                 "output_format" (wav), "debug", "seed" (an extension)}}
 
-Speech answers `{"output": {"finish_reason": "stop", "audio": {"data": "<base64>"}}, "request_id": ...}`;
-streamed (the default), one SSE `data: {...}` line of that shape per piece of the encoded file
-(finish_reason null until the last one, "stop" on it; the pieces' audio concatenated is one file).
-With `debug`, each answer also carries `"metrics": {speech_len, server_cost_time, generate_time}`:
-seconds of audio in this piece, seconds since the server received the request, seconds this piece's audio
-took (the first: queue wait + synthesis). First-packet time = the first server_cost_time; RTF = the
-last server_cost_time / the sum of speech_len. `seed` (an extension) makes a request reproducible.
+The options (sample_rate ... seed) go inside `input`, as published; our earlier layout with them at the
+top level is still accepted; one given in both places with different values is a 400 naming it.
+`bit_rate` is "16k" ... "384k" or an integer in bit/s, capped at what the codec can do (encoding.py).
+
+Speech answers `{"output": {"finish_reason": "stop", "audio": {"id", "data": "<base64>"}}, "request_id",
+"error": null, "usage": {"characters"}}`; streamed (the default), one SSE `data: {...}` line of that shape
+per piece of the encoded file (finish_reason null until the last one, "stop" on it, `usage` on the last
+one; the pieces' audio concatenated is one file). A failure after audio went out ends the stream with an
+event whose `error` is the error object. With `debug`, each answer also carries `"metrics": {speech_len,
+server_cost_time, generate_time}`: seconds of audio in this piece (> 0 in every event), seconds since the
+server received the request, seconds this piece's audio took (the first: queue wait + synthesis).
+First-packet time = the first server_cost_time; RTF = the last server_cost_time / the sum of speech_len.
 """
 from __future__ import annotations
 
 import base64
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -46,50 +54,118 @@ BASE = "/api/v1/audio"
 MULTIPART_SLACK = 1 << 20  # form fields and boundaries around the file
 
 
-class PaiInput(BaseModel):
+# the published bit rates (strings with a unit); integers in bit/s are accepted too
+BIT_RATES = ("16k", "32k", "48k", "64k", "128k", "192k", "256k", "320k", "384k")
+BIT_RATE_RANGE = (8000, 384000)
+DEFAULT_BIT_RATE = "192k"
+SAMPLE_RATE_RANGE = (8000, 48000)
+VOLUME_RANGE = (0.0, 10.0)
+
+
+def parse_bit_rate(value: object, where: str = "bit_rate") -> int | None:
+    """'48k' (one of BIT_RATES) or an integer in bit/s -> bit/s; BadRequest naming `where` otherwise."""
+    allowed = (f"use one of {', '.join(BIT_RATES)} (a string, as published) or an integer in bit/s from "
+               f"{BIT_RATE_RANGE[0]} to {BIT_RATE_RANGE[1]}")
+    if value is None:
+        return None
+    if isinstance(value, str):
+        v = value.strip().lower()
+        if v in BIT_RATES:
+            return int(v[:-1]) * 1000
+        if v.isdigit():
+            value = int(v)
+        else:
+            raise BadRequest(f"{where} {value!r} is not a bit rate: {allowed}")
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not BIT_RATE_RANGE[0] <= value <= BIT_RATE_RANGE[1]:
+        raise BadRequest(f"{where} {value!r} is not a bit rate: {allowed}")
+    return value
+
+
+class PaiOptions(BaseModel):
+    """How to synthesize and encode: published inside `input`; our earlier layout had them at the top level.
+    None = not given here."""
     model_config = ConfigDict(extra="ignore")
+    sample_rate: int | None = Field(None, ge=SAMPLE_RATE_RANGE[0], le=SAMPLE_RATE_RANGE[1], description="Hz")
+    bit_rate: str | int | None = Field(None, description="'16k' ... '384k' (default '192k') or bit/s; "
+                                       "mp3/aac/opus; capped at what the codec can do at the sample rate")
+    volume: float | None = Field(None, ge=VOLUME_RANGE[0], le=VOLUME_RANGE[1],
+                                 description="gain (default 1.0); louder samples are clipped")
+    speed: float | None = Field(None, ge=SPEED_RANGE[0], le=SPEED_RANGE[1], description="default 1.0")
+    # PAI documents wav, mp3, pcm; the others work too
+    output_format: Literal[FORMATS] | None = Field(None, description="wav (default), mp3, pcm, flac, opus, aac")
+    debug: bool | None = None
+    seed: int | None = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1], description="an extension: reproducible")
+
+
+OPTION_DEFAULTS = {"sample_rate": 24000, "bit_rate": DEFAULT_BIT_RATE, "volume": 1.0, "speed": 1.0,
+                   "output_format": "wav", "debug": False, "seed": None}
+
+
+class PaiInput(PaiOptions):
     mode: Literal["fast_replication", "cross_lingual_replication", "natural_language_replication"]
     text: str = Field(min_length=1)
     reference_audio_id: str = Field(min_length=1)
     instruct: str = ""
 
 
-class PaiSpeech(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class PaiSpeech(PaiOptions):
     model: str = "CosyVoice2-0.5B"  # any name is accepted: a frontend serves one model
     input: PaiInput
-    sample_rate: int = Field(24000, ge=8000, le=48000)
-    bit_rate: int | None = Field(None, ge=8000, le=320000, description="bit/s, for mp3/aac/opus")
-    volume: float = Field(1.0, ge=0.0, le=10.0, description="gain; louder samples are clipped")
-    speed: float = Field(1.0, ge=SPEED_RANGE[0], le=SPEED_RANGE[1])
-    output_format: Literal[FORMATS] = "wav"  # PAI documents wav, mp3, pcm; the others work too
     stream: bool = True
-    debug: bool = False
-    seed: int | None = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
 
 
-def _answer(request_id: str, data: bytes, last: bool, metrics: dict | None) -> dict:
+def resolve_options(body: PaiSpeech) -> dict:
+    """The options of a request: from `input` (published) or the top level (still accepted), else the
+    published defaults; a field given in both places with different values is a BadRequest naming it."""
+    out = {}
+    for name, default in OPTION_DEFAULTS.items():
+        inner, outer = getattr(body.input, name), getattr(body, name)
+        if name == "bit_rate":
+            inner, outer = parse_bit_rate(inner, "input.bit_rate"), parse_bit_rate(outer, "bit_rate")
+        if inner is not None and outer is not None and inner != outer:
+            raise BadRequest(f"{name} is given twice with different values (input.{name}={getattr(body.input, name)!r}, "
+                             f"top-level {name}={getattr(body, name)!r}): send it once, inside input as published")
+        out[name] = inner if inner is not None else outer if outer is not None else default
+    out["bit_rate"] = parse_bit_rate(out["bit_rate"])
+    return out
+
+
+def _metrics(seconds: float, elapsed: float, wait: float) -> dict:
+    return {"speech_len": round(seconds, 4), "server_cost_time": round(elapsed, 4), "generate_time": round(wait, 4)}
+
+
+def _answer(request_id: str, data: bytes, last: bool, metrics: dict | None, usage: dict | None = None) -> dict:
     out = {"output": {"finish_reason": "stop" if last else None,
-                      "audio": {"data": base64.b64encode(data).decode("ascii")}}, "request_id": request_id}
+                      "audio": {"id": request_id, "data": base64.b64encode(data).decode("ascii")}},
+           "request_id": request_id, "error": None}
+    if usage is not None:
+        out["usage"] = usage
     if metrics is not None:
         out["metrics"] = metrics
     return out
 
 
-async def _events(pieces: AsyncIterator[Piece], request_id: str, debug: bool) -> AsyncIterator[str]:
-    """SSE lines; pieces without bytes (the codec still filling a frame) are merged into the next one."""
-    seconds = wait = 0.0
+async def _events(pieces: AsyncIterator[Piece], request_id: str, debug: bool, usage: dict) -> AsyncIterator[str]:
+    """SSE lines, each with `error` (null) and, with debug, `metrics`. Pieces without bytes (the codec
+    still filling a frame) are merged into the next one, so every event carries audio and speech_len > 0
+    (the last piece always holds some audio back: see speech_stream.HOLD_SECONDS)."""
+    seconds = wait = elapsed = 0.0
     try:
         async for p in pieces:
-            seconds, wait = seconds + p.seconds, wait + p.generate_time
+            seconds, wait, elapsed = seconds + p.seconds, wait + p.generate_time, p.elapsed
             if not p.data and not p.last:
                 continue
-            m = {"speech_len": round(seconds, 4), "server_cost_time": round(p.elapsed, 4),
-                 "generate_time": round(wait, 4)} if debug else None
-            yield sse(_answer(request_id, p.data, p.last, m))
+            yield sse(_answer(request_id, p.data, p.last, _metrics(seconds, p.elapsed, wait) if debug else None,
+                              usage if p.last else None))
             seconds = wait = 0.0
     except CosyError as e:  # after audio went out: the stream ends with an error event
-        yield sse({**error_body(str(e), e.status), "request_id": request_id})
+        event = {"output": {"finish_reason": None, "audio": {"id": request_id, "data": ""}},
+                 "request_id": request_id, **error_body(str(e), e.status)}
+        if debug:
+            event["metrics"] = _metrics(seconds, elapsed, wait)
+        yield sse(event)
 
 
 def build_pai_router(service: FrontendService, refs: ReferenceAudios, dependencies: list) -> APIRouter:
@@ -127,31 +203,34 @@ def build_pai_router(service: FrontendService, refs: ReferenceAudios, dependenci
 
     async def delete_reference_audio(reference_audio_id: str):
         await run_in_threadpool(refs.delete, reference_audio_id)
-        return {"code": "OK", "message": f"reference audio {reference_audio_id} deleted", "data": {}}
+        return {"code": "OK", "message": f"reference audio: {reference_audio_id} deleted.", "data": {}}
 
     async def speech(body: PaiSpeech):
-        """Synthesize with a reference audio; SSE when `stream` (default), else one JSON answer."""
-        received, request_id = time.monotonic(), uuid.uuid4().hex
+        """Synthesize with a reference audio; SSE when `stream` (default), else one JSON answer.
+        Options go inside `input` (as published); the top level is still accepted."""
+        received, request_id = time.monotonic(), str(uuid.uuid4())
         inp = body.input
         if MODES[inp.mode] == "instruct" and not inp.instruct.strip():
             raise BadRequest("input.instruct is required for natural_language_replication "
                              "(e.g. '用四川话说这句话')")
+        o = resolve_options(body)
         synthesis = SynthesisRequest(mode=MODES[inp.mode], text=inp.text, voice_id=inp.reference_audio_id,
-                                     instruct_text=inp.instruct, speed=body.speed, seed=body.seed, stream=body.stream)
-        req = SpeechRequest(synthesis, "pai", fmt=body.output_format, sample_rate=body.sample_rate,
-                            bit_rate=body.bit_rate, volume=body.volume)
+                                     instruct_text=inp.instruct, speed=o["speed"], seed=o["seed"],
+                                     stream=body.stream)
+        req = SpeechRequest(synthesis, "pai", fmt=o["output_format"], sample_rate=o["sample_rate"],
+                            bit_rate=o["bit_rate"], volume=o["volume"])
         pieces = await open_speech(service, refs, req, received)
         headers = {"X-Request-Id": request_id}
+        usage = {"characters": len(inp.text)}
         if body.stream:
-            return StreamingResponse(_events(pieces, request_id, body.debug), media_type="text/event-stream",
+            return StreamingResponse(_events(pieces, request_id, o["debug"], usage), media_type="text/event-stream",
                                      headers={**headers, "Cache-Control": "no-cache"})
         data, seconds, wait, elapsed = bytearray(), 0.0, 0.0, 0.0
         async for p in pieces:
             data += p.data
             seconds, wait, elapsed = seconds + p.seconds, wait + p.generate_time, p.elapsed
-        m = {"speech_len": round(seconds, 4), "server_cost_time": round(elapsed, 4),
-             "generate_time": round(wait, 4)} if body.debug else None
-        return JSONResponse(_answer(request_id, bytes(data), True, m), headers=headers)
+        m = _metrics(seconds, elapsed, wait) if o["debug"] else None
+        return JSONResponse(_answer(request_id, bytes(data), True, m, usage), headers=headers)
 
     ref = f"{BASE}/reference_audio"
     add_route(router, "POST", ref, create_reference_audio, summary="Upload a reference audio")

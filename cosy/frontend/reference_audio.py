@@ -2,7 +2,7 @@
 
 An upload is decoded here (PyAV: wav, mp3, flac, ogg/opus, aac, m4a, webm; `.pcm` is raw s16le mono at the
 given rate), its features are computed once in a worker (`FrontendService.save_voice`, through the shared
-queue) and stored as the voice `ref_<12 hex>` (its stored features serve every mode), with
+queue) and stored as the voice named by a new UUID (as the published ids; its stored features serve every mode), with
 `reference.json` (the upload's file name and size, written atomically) beside it. So a reference audio is
 listed, used and deleted like any saved voice, by every frontend on the NAS. Voices saved in the WebUI
 appear here too (without file name and size).
@@ -15,8 +15,8 @@ from __future__ import annotations
 import io
 import json
 import os
-import secrets
 import tempfile
+import uuid
 from pathlib import Path, PurePosixPath
 
 import av
@@ -31,7 +31,6 @@ from cosy.frontend.service import FrontendService
 
 META_FILE = "reference.json"
 PCM_DEFAULT_RATE = 16000
-ID_PREFIX = "ref_"
 
 
 def decode_upload(data: bytes, ext: str, pcm_rate: int = PCM_DEFAULT_RATE) -> tuple[np.ndarray, int]:
@@ -122,7 +121,7 @@ class ReferenceAudios:
         ext = upload_extension(filename)
         audio, rate = decode_upload(data, ext, pcm_rate)
         wav = wav_bytes(audio, rate)
-        ref_id = ID_PREFIX + secrets.token_hex(6)
+        ref_id = str(uuid.uuid4())
         fd, tmp = tempfile.mkstemp(suffix=".wav")  # outside the data dir: nothing there until it is a voice
         try:
             with os.fdopen(fd, "wb") as f:
