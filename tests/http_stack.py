@@ -1,6 +1,6 @@
 """A real HTTP stack for the API tests: two uvicorn apps (one open, one keyed) over one FrontendService,
-a real WorkerPool on the tiny model and a real DataDir. The open app mounts Gradio before `install`, the
-keyed app after: both orders work. Import `stack` into a test module to get a module-scoped instance."""
+a real WorkerPool on the tiny model and a real DataDir, with Gradio mounted at "/" after `install` (as
+`build_app` does). Import `stack` into a test module to get a module-scoped instance."""
 from __future__ import annotations
 
 import io
@@ -30,7 +30,7 @@ KEY = "s3cret-key"
 RATE = 24000
 
 
-def _app(service, api_key, ready, gradio_first: bool):
+def _app(service, api_key, ready):
     import gradio as gr
     from fastapi import FastAPI
 
@@ -39,13 +39,8 @@ def _app(service, api_key, ready, gradio_first: bool):
     app = FastAPI()
     with gr.Blocks() as blocks:
         gr.Markdown("cosy test page")
-    if gradio_first:
-        app = gr.mount_gradio_app(app, blocks, path="/")
-        install(app, service, api_key=api_key, ready=ready)
-    else:
-        install(app, service, api_key=api_key, ready=ready)
-        app = gr.mount_gradio_app(app, blocks, path="/")
-    return app
+    install(app, service, api_key=api_key, ready=ready)
+    return gr.mount_gradio_app(app, blocks, path="/")
 
 
 def _serve(app):
@@ -69,8 +64,8 @@ def stack(tiny_model_dir, tmp_path_factory):
     data = DataDir(tmp_path_factory.mktemp("data"))
     service = FrontendService(pool, data)
     state = {"ready": (True, "models loaded")}
-    servers = [_serve(_app(service, None, lambda: state["ready"], gradio_first=True)),
-               _serve(_app(service, KEY, lambda: (True, "ok"), gradio_first=False))]
+    servers = [_serve(_app(service, None, lambda: state["ready"])),
+               _serve(_app(service, KEY, lambda: (True, "ok")))]
     url, keyed = servers[0][2], servers[1][2]
     r = httpx.post(f"{url}/api/v1/audio/reference_audio", files={"file": ("prompt.wav", ZS_WAV.read_bytes())},
                    data={"text": ZS_TEXT}, timeout=60)

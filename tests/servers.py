@@ -149,3 +149,10 @@ def start_apps(*arg_lists: list[str]) -> list[App]:
         for a in apps:
             a.stop()
         raise
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """The sum of the samples `name` whose labels include `labels`, in a Prometheus text exposition."""
+    from prometheus_client.parser import text_string_to_metric_families
+    return sum(s.value for family in text_string_to_metric_families(text) for s in family.samples
+               if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))

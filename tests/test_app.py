@@ -11,11 +11,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import pytest
 import soundfile as sf
 from conftest import ASSETS
 from gradio_client import Client, handle_file
-from servers import start_apps
+from servers import metric, start_apps
 
 ROOT = Path(__file__).resolve().parents[1]
 ZS_WAV = str(ASSETS / "zero_shot_prompt.wav")
@@ -78,6 +79,21 @@ def test_every_endpoint_gives_audio_or_json(client_a):
     assert saved["voice_id"] == "endpoint-voice" and saved["prompt_text"] == ZS_TEXT
     assert "endpoint-voice" in [v["voice_id"] for v in c.predict(api_name="/list_voices")]
     assert assert_wav(c.predict("你好。", "endpoint-voice", 1, 1.0, api_name="/saved_voice")) > 0
+
+
+def test_metrics_count_gradio_api_syntheses_by_mode(apps, client_a):
+    def count(text: str, mode: str, outcome: str) -> float:
+        return metric(text, "cosy_syntheses_total", surface="gradio_api", mode=mode, outcome=outcome)
+
+    before = httpx.get(f"{apps[0].url}metrics").text
+    assert assert_wav(client_a.predict("你好。", handle_file(CL_WAV), 4, 1.0, api_name="/cross_lingual")) > 0
+    with pytest.raises(Exception, match="out of range"):
+        client_a.predict("你好。", handle_file(CL_WAV), 4, 3.0, api_name="/cross_lingual")
+    after = httpx.get(f"{apps[0].url}metrics").text
+    assert count(after, "cross_lingual", "ok") == count(before, "cross_lingual", "ok") + 1
+    assert count(after, "cross_lingual", "invalid_request_error") == \
+        count(before, "cross_lingual", "invalid_request_error") + 1
+    assert metric(after, "cosy_first_packet_seconds_count", surface="gradio_api", mode="cross_lingual") >= 1
 
 
 def test_apps_on_one_data_dir_share_saved_voices(client_a, client_b):
@@ -169,12 +185,8 @@ def test_enable_mps_without_a_gpu_says_so_and_goes_on(capsys):
     assert "--enable_mps: no NVIDIA GPU here; ignored" in capsys.readouterr().out
 
 
-def test_lm_backend(request, tiny_model_dir, tmp_path):
+def test_lm_backend(backend, tiny_model_dir, tmp_path):
     """With --llm_base_url the workers ask the vLLM backend for speech tokens."""
-    try:
-        backend = request.getfixturevalue("backend")
-    except pytest.FixtureLookupError:
-        pytest.skip("no `backend` fixture in conftest yet")
     (app,) = start_apps(["--model_dir", str(tiny_model_dir), "--data_dir", str(tmp_path), "--llm_base_url",
                          backend.url, "--llm_api_key", backend.api_key])
     try:

@@ -1,16 +1,18 @@
 """The WebUI in a real headless Chromium (Debian's /usr/bin/chromium driven by Playwright): every mode
 makes playable audio, saving a voice works, bad input shows a readable message.
 
-Runs in file order on one page, as a user would click through it."""
+One app and one browser for the module; every test starts from a freshly loaded page, so each one sets
+up what it needs and the tests pass in any order or alone."""
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
 
+import httpx
 import pytest
 from conftest import ASSETS
 from playwright.sync_api import expect
-from servers import App
+from servers import App, metric
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
@@ -32,7 +34,7 @@ pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists() or not shutil.which(
 
 
 @pytest.fixture(scope="module")
-def page(tiny_model_dir, tmp_path_factory):
+def session(tiny_model_dir, tmp_path_factory):
     from playwright.sync_api import sync_playwright
     app = App("--model_dir", str(tiny_model_dir), "--data_dir", str(tmp_path_factory.mktemp("webui_data")))
     try:
@@ -42,11 +44,17 @@ def page(tiny_model_dir, tmp_path_factory):
             pg = browser.new_page(viewport={"width": 1280, "height": 1400}, permissions=["microphone"])
             pg.set_default_timeout(90_000)
             expect.set_options(timeout=30_000)
-            pg.goto(app.url, wait_until="networkidle")
-            yield pg
+            yield pg, app.url
             browser.close()
     finally:
         app.stop()
+
+
+@pytest.fixture
+def page(session):
+    pg, url = session
+    pg.goto(url, wait_until="networkidle")  # a new page load: no state from an earlier test
+    return pg
 
 
 def uploaded(response) -> bool:
@@ -56,6 +64,11 @@ def uploaded(response) -> bool:
 def screenshot(page, name: str) -> None:
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / name), full_page=True)
+
+
+def upload_prompt(page, name: str) -> None:
+    with page.expect_response(uploaded):  # Generate waits for no upload
+        page.locator("#prompt_wav input[type=file]").set_input_files(str(ASSETS / name))
 
 
 def choose_mode(page, label: str) -> None:
@@ -80,8 +93,7 @@ def generate(page) -> dict:
 
 
 def test_zero_shot_with_streaming_playback(page):
-    with page.expect_response(uploaded):  # Generate waits for no upload
-        page.locator("#prompt_wav input[type=file]").set_input_files(str(ASSETS / "zero_shot_prompt.wav"))
+    upload_prompt(page, "zero_shot_prompt.wav")
     page.locator("#prompt_text textarea").fill(ZS_TEXT)
     page.locator("#tts_text textarea").fill("你好。今天天气很好。")
     page.locator("#stream input").check()
@@ -89,7 +101,8 @@ def test_zero_shot_with_streaming_playback(page):
     # the streamed chunks play in this player (a media source fed as they arrive)
     page.wait_for_function("() => { const a = document.querySelector('#live audio[src]'); "
                            "return a && a.src.startsWith('blob:') && a.error === null && a.duration > 0; }")
-    page.locator("#stream input").uncheck()
+    metrics = httpx.get(page.url.split("?")[0].rstrip("/") + "/metrics").text  # the WebUI counts as a surface
+    assert metric(metrics, "cosy_syntheses_total", surface="webui", mode="zero_shot", outcome="ok") >= 1
 
 
 def test_cross_lingual_from_the_example(page):
@@ -102,6 +115,7 @@ def test_cross_lingual_from_the_example(page):
 
 def test_instruct_with_an_example_instruction(page):
     choose_mode(page, "自然语言控制")
+    upload_prompt(page, "cross_lingual_prompt.wav")
     page.get_by_text("用四川话说这句话", exact=True).click()  # the examples fill the instruction
     expect(page.locator("#instruct_text textarea")).to_have_value("用四川话说这句话")
     page.locator("#tts_text textarea").fill("你好。")
@@ -109,7 +123,9 @@ def test_instruct_with_an_example_instruction(page):
 
 
 def test_instruct_with_a_recorded_prompt(page):
-    page.locator("#prompt_wav button[aria-label=Clear]").click()
+    choose_mode(page, "自然语言控制")
+    page.locator("#instruct_text textarea").fill("Speak slowly and softly.")
+    page.locator("#tts_text textarea").fill("你好。")
     page.locator("#prompt_wav button[aria-label='Record audio']").click()
     page.locator("#prompt_wav button", has_text="Record").first.click()
     page.wait_for_timeout(3500)  # 3.5 s of the fake microphone
@@ -134,13 +150,17 @@ def test_save_voice_then_use_it(page):
 
 
 def test_bad_input_shows_a_readable_message(page):
-    choose_mode(page, "3s极速复刻")
+    page.locator("#generate").click()  # zero-shot without a prompt
+    page.locator("[data-testid=toast-body]", has_text="needs a prompt audio").wait_for()
+    upload_prompt(page, "zero_shot_prompt.wav")
+    page.locator("#prompt_text textarea").fill(ZS_TEXT)
     page.locator("#tts_text textarea").fill("")
     page.locator("#generate").click()
     toast = page.locator("[data-testid=toast-body]", has_text="text is empty")
     toast.wait_for()
     page.locator("#status", has_text="出错 Error: text is empty").wait_for()
     assert "Traceback" not in page.content()
+    page.get_by_text("保存音色 Save this voice").click()
     page.locator("#new_voice_id textarea, #new_voice_id input").first.fill("../../etc/passwd")
     page.locator("#save_voice").click()
     page.locator("[data-testid=toast-body]", has_text="invalid voice id").wait_for()

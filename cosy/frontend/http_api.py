@@ -1,7 +1,7 @@
 """The frontend's HTTP APIs on the app that also serves the WebUI (Gradio mounted at "/").
 
     app = FastAPI()
-    install(app, service, api_key=args.api_key, ready=lambda: (True, "ok"))   # before or after mounting Gradio
+    install(app, service, api_key=args.api_key, ready=lambda: (True, "ok"))   # before mounting Gradio
     app = gr.mount_gradio_app(app, blocks, path="/")
 
 Routes: the PAI-compatible API under /api/v1/audio (cosy.frontend.pai_api), OpenAI's POST
@@ -10,8 +10,9 @@ loaded and LM backend reachable, else 503 with the reason; no key, for load bala
 (Prometheus). With `api_key`, every other route needs `Authorization: Bearer <key>` (or the bare key, as
 PAI-EAS clients send it), else 401. Errors have one JSON shape (cosy.frontend.api_routing).
 
-Routing with Gradio at "/": a root mount matches every path, so (1) `install` puts the API routes ahead
-of it, and (2) `ApiGate`, a middleware that looks at each request before routing, answers the paths that
+Routing with Gradio at "/": a root mount matches every path, so (1) `install` must run before Gradio is
+mounted (`cosy.frontend.server.build_app` does), and (2) `ApiGate`, a middleware that looks at each
+request before routing, answers the paths that
 neither the API nor any of the app's other routes nor Gradio's own routes serve: 404 in our JSON shape
 with the list of API routes; an API path with the wrong method gets 405. Gradio's paths (its page, assets,
 queue, its own 404s for missing files) pass untouched.
@@ -158,11 +159,10 @@ class ApiGate:
 
 
 def install(app: FastAPI, service: FrontendService, *, api_key: str | None, ready: Ready) -> Metrics:
-    """Add the API routes (ahead of any Gradio mount), the 404/405 handling and the request metrics."""
+    """Add the API routes (call before mounting Gradio), the 404/405 handling and the request metrics."""
     metrics = service.metrics
     before = {id(r) for r in app.router.routes}
     app.include_router(build_router(service, api_key=api_key, ready=ready))
     ours = [r for r in app.router.routes if id(r) not in before]
-    app.router.routes[:] = ours + [r for r in app.router.routes if id(r) in before]
     app.add_middleware(ApiGate, outer=app, api_routes=ours, metrics=metrics)
     return metrics
