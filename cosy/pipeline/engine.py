@@ -23,13 +23,12 @@ from torch import Tensor
 
 from cosy.audio.io import load_prompt_wav
 from cosy.lm.export import llm_fingerprint, served_model_name
-from cosy.lm.model import SpeechLM
 from cosy.lm.pool import connect
 from cosy.lm.prompt import PromptEmbedder
 from cosy.lm.sampling import SamplingParams
 from cosy.pipeline.token2wav import load_token2wav
 from cosy.model.families.cosyvoice2 import FAMILY as COSYVOICE2
-from cosy.model.family import ModelFamily
+from cosy.model.family import ModelFamily, import_object
 from cosy.model.files import ModelDir
 from cosy.prompt.encoder import PromptFeatures, VoicePromptEncoder
 from cosy.text.frontend import TextFrontend
@@ -95,7 +94,7 @@ class Engine:
                                         family=family)
             prompt_embeds = PromptEmbedder.from_model_dir(md)
         else:
-            lm = SpeechLM.from_model_dir(md, device=device, dtype=dtype)
+            lm = import_object(family.lm).from_model_dir(md, device=device, dtype=dtype)
             prompt_embeds = lm.prompt_embeds
         return cls(text, VoicePromptEncoder(md), lm, load_token2wav(md, device, dtype), prompt_embeds, family)
 
