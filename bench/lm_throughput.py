@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 from cosy.lm.export import llm_fingerprint, served_model_name  # noqa: E402
 from cosy.lm.model import SpeechLM  # noqa: E402
 from cosy.lm.prompt import PromptEmbedder  # noqa: E402
+from cosy.model.files import ModelDir  # noqa: E402
 from cosy.lm.remote import RemoteLM  # noqa: E402
 from cosy.verify.random_model import write_random_model  # noqa: E402
 
@@ -105,7 +106,8 @@ def main() -> None:
         proc, url = start_backend(model_dir, 8123, args.api_key)
     try:
         if url:
-            remote = RemoteLM(url, args.api_key, served_model_name(llm_fingerprint(model_dir)))
+            family = ModelDir(model_dir).family
+            remote = RemoteLM(url, args.api_key, served_model_name(llm_fingerprint(model_dir), family), family=family)
             remote.check()
             embeds = prompt(PromptEmbedder.from_model_dir(model_dir))
             measure(remote, embeds, 5, 1)  # warm-up

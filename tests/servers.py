@@ -14,6 +14,7 @@ from pathlib import Path
 from gradio_client import Client
 
 from cosy.lm.export import llm_fingerprint, served_model_name
+from cosy.model.files import ModelDir
 
 ROOT = Path(__file__).resolve().parents[1]
 BACKEND = ROOT / "launch" / "backend.py"
@@ -36,7 +37,7 @@ class Backend:
         self.model_dir, self.cache_dir, self.log_path, self.api_key = model_dir, cache_dir, log_path, api_key
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/v1"
-        self.model_name = served_model_name(llm_fingerprint(model_dir, cache_dir))
+        self.model_name = served_model_name(llm_fingerprint(model_dir, cache_dir), ModelDir(model_dir).family)
         self.proc: subprocess.Popen | None = None
         self.stdout: list[str] = []
 

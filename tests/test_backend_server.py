@@ -16,6 +16,7 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import openai
@@ -24,10 +25,14 @@ import torch
 from safetensors import safe_open
 from servers import BACKEND, READY, Backend, free_port
 
-from cosy.lm import STOP_TOKENS, SamplingParams, SpeechLM, ras_distribution
+from cosy.lm import SamplingParams, SpeechLM, ras_distribution
 from cosy.lm import export as export_mod
 from cosy.lm.export import export_for_vllm, llm_fingerprint, served_model_name
+from cosy.model.families.cosyvoice2 import FAMILY as CV2
 from cosy.model.files import LLM, QWEN_DIR, YAML
+
+TOKENS = CV2.tokens
+STOP_TOKENS = TOKENS.stop
 
 ROOT = Path(__file__).resolve().parents[1]
 ALPHA = 1e-3  # significance level of the sampling tests: a correct sampler fails each with probability 1e-3
@@ -123,7 +128,9 @@ def _processor():
     from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality
 
     from cosy.vllm_plugin.ras import CosyLogitsProcessor
-    return CosyLogitsProcessor(None, torch.device("cpu"), False), VllmParams, BatchUpdate, MoveDirectionality
+    # what the processor reads of vLLM's config: the exported config.json's family
+    config = SimpleNamespace(model_config=SimpleNamespace(hf_config=SimpleNamespace(cosy_family=CV2.name)))
+    return CosyLogitsProcessor(config, torch.device("cpu"), False), VllmParams, BatchUpdate, MoveDirectionality
 
 
 def test_processor_gives_exact_ras_rows_and_tracks_the_batch():
@@ -143,7 +150,8 @@ def test_processor_gives_exact_ras_rows_and_tracks_the_batch():
         y = proc.apply(x.clone())
         for r, req in rows.items():
             if req in (0, 3):
-                want = ras_distribution(logits[req], outs[req], p, mask_eos=len(outs[req]) < (5 if req == 0 else 0))
+                want = ras_distribution(logits[req], outs[req], p, mask_eos=len(outs[req]) < (5 if req == 0 else 0),
+                                        tokens=TOKENS)
                 torch.testing.assert_close(y[r].double().softmax(0), want, atol=1e-6, rtol=0)
             elif req == 2 and len(outs[2]) < 2:
                 assert y[r, 6561] == float("-inf") and torch.equal(y[r, :6561], logits[2, :6561])
@@ -213,8 +221,9 @@ def test_ras_redraws_repeats_through_the_server(tiny_model_dir, tmp_path):
     sd["llm_decoder.bias"].copy_(bias)
     torch.save(sd, md / LLM)
     n, p = 300, SamplingParams()
-    p1 = ras_distribution(bias, [], p, mask_eos=True)  # eos 6561 (the largest logit) masked: min_len 2
-    p2 = sum(p1[t] * ras_distribution(bias, [t], p, mask_eos=True) for t in p1.nonzero().flatten().tolist())
+    p1 = ras_distribution(bias, [], p, mask_eos=True, tokens=TOKENS)  # eos 6561 (the largest logit) masked: min_len 2
+    p2 = sum(p1[t] * ras_distribution(bias, [t], p, mask_eos=True, tokens=TOKENS)
+             for t in p1.nonzero().flatten().tolist())
     assert (p1 > 0).sum() >= 4 and float((p1 ** 2).sum()) > 0.1  # without RAS: > 10 % repeats
     hidden = json.loads((md / QWEN_DIR / "config.json").read_text())["hidden_size"]
     b = Backend(md, tmp_path / "cache", tmp_path / "backend.log")
@@ -316,7 +325,8 @@ def test_ras_first_token_matches_embedded_lm(backend, tiny_lm):
     body = _ras_body(encode_embeds(x), p, min_len=1)
     firsts = _draw_many(backend, body, n, max_tokens=1)
     assert all(len(t) == 1 for t in firsts)
-    assert _chi_square_p(collections.Counter(t[0] for t in firsts), ras_distribution(logp0, [], p, True), n) > ALPHA
+    want = ras_distribution(logp0, [], p, True, tokens=TOKENS)
+    assert _chi_square_p(collections.Counter(t[0] for t in firsts), want, n) > ALPHA
     assert _draw_many(backend, body, 8, max_tokens=1) == firsts[:8]  # same seeds, same tokens
 
 

@@ -13,10 +13,14 @@ import torch
 from conftest import GOLDEN, reference_entries, reference_shapes
 from safetensors.torch import load_file
 
-from cosy.lm import EOS, LMConfig, SamplingParams, SpeechLM, ras_distribution, ras_sample
+from cosy.lm import LMConfig, SamplingParams, SpeechLM, ras_distribution, ras_sample
 from cosy.lm.model import LM_HEAD_KEY
+from cosy.model.families.cosyvoice2 import FAMILY as CV2
 from cosy.model.files import ModelDirError
 from cosy.verify.random_model.llm import write_llm_pt
+
+TOKENS = CV2.tokens
+EOS = TOKENS.eos
 
 TINY = dict(hidden=64, n_layers=2, n_heads=2, n_kv_heads=1, intermediate=128)
 ALPHA = 1e-3  # significance level of the chi-square goodness-of-fit tests (fixed seeds: deterministic)
@@ -88,7 +92,7 @@ def test_golden_lm_case(golden_lm, tensors, case, with_prompt, steps):
 
 def test_full_size_keys_and_shapes_match_official_list():
     with torch.device("meta"):
-        lm = SpeechLM(LMConfig())
+        lm = SpeechLM(LMConfig(), CV2)
     ours = {k: tuple(v.shape) for k, v in lm.state_dict().items()}
     ref = reference_shapes("llm")
     # llm.pt also holds the tied text lm_head; we never compute it, so it is the one key we drop on load
@@ -209,8 +213,9 @@ def _ras_cases():
                          ids=[c[0].replace(" ", "_").replace(",", "") for c in _ras_cases()])
 def test_ras_sampling_matches_its_exact_distribution(name, logits, history, mask_eos, kept, n):
     p = SamplingParams()
-    assert int((ras_distribution(logits, [], p, mask_eos) > 0).sum()) == kept  # the nucleus, without RAS
-    dist = ras_distribution(logits, history, p, mask_eos)
+    # the nucleus, without RAS
+    assert int((ras_distribution(logits, [], p, mask_eos, tokens=TOKENS) > 0).sum()) == kept
+    dist = ras_distribution(logits, history, p, mask_eos, tokens=TOKENS)
     brute = brute_force_ras(logits, history, p, mask_eos)
     assert torch.allclose(dist, brute, atol=1e-12, rtol=0)
     assert abs(float(dist.sum()) - 1) < 1e-9
@@ -219,7 +224,7 @@ def test_ras_sampling_matches_its_exact_distribution(name, logits, history, mask
     if history:  # R is non-empty and reached: some of the mass comes from the full-softmax redraw
         assert int((dist > 0).sum()) > kept
     g = torch.Generator().manual_seed(1234)
-    samples = [ras_sample(logits, history, p, g, mask_eos) for _ in range(n)]
+    samples = [ras_sample(logits, history, p, g, mask_eos, tokens=TOKENS) for _ in range(n)]
     pval, dof = chi_square_p(samples, dist)
     print(f"{name}: chi-square p = {pval:.3f} (dof {dof}, n {n}, alpha {ALPHA})")
     assert pval > ALPHA
@@ -233,10 +238,10 @@ def test_ras_repeated_draw_is_never_the_repeated_token():
     # the official redraw masks the drawn token (weighted_scores[top_ids] = -inf) before the full softmax
     logits = torch.tensor([10.0, 0.0, 0.0, -1.0])
     p = SamplingParams()
-    dist = ras_distribution(logits, [0], p, mask_eos=False)
+    dist = ras_distribution(logits, [0], p, mask_eos=False, tokens=TOKENS)
     assert dist[0] == 0 and abs(float(dist.sum()) - 1) < 1e-12
     g = torch.Generator().manual_seed(0)
-    assert 0 not in {ras_sample(logits, [0], p, g, False) for _ in range(200)}
+    assert 0 not in {ras_sample(logits, [0], p, g, False, tokens=TOKENS) for _ in range(200)}
 
 
 def test_greedy_params():
@@ -244,9 +249,9 @@ def test_greedy_params():
     logits[EOS] = 100.0
     p = SamplingParams(greedy=True)
     g = torch.Generator()
-    assert ras_sample(logits, [], p, g, mask_eos=False) == EOS
-    masked = ras_sample(logits, [], p, g, mask_eos=True)
-    assert masked == int(logits[:EOS].argmax()) and ras_distribution(logits, [], p, True)[masked] == 1
+    assert ras_sample(logits, [], p, g, mask_eos=False, tokens=TOKENS) == EOS
+    masked = ras_sample(logits, [], p, g, mask_eos=True, tokens=TOKENS)
+    assert masked == int(logits[:EOS].argmax()) and ras_distribution(logits, [], p, True, tokens=TOKENS)[masked] == 1
 
 
 # ---------------------------------------------------------------- generate()
@@ -265,7 +270,7 @@ def test_prompt_layout_per_mode(tiny):
         tiny.prompt_embeds(text, (), [6561])
     with pytest.raises(ValueError, match="text"):
         tiny.prompt_embeds([151936])
-    assert SpeechLM.length_limits(16) == (32, 320)
+    assert CV2.length_limits(16) == (32, 320)
 
 
 def test_generate_is_seeded_and_leaves_global_rng_alone(tiny, prompt):

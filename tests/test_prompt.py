@@ -12,6 +12,7 @@ import torch
 from conftest import ASSETS
 
 from cosy.audio import AudioError, load_prompt_wav, whisper_log_mel
+from cosy.model.families.cosyvoice2 import FAMILY as CV2
 from cosy.model.files import ModelDirError
 from cosy.prompt import PromptFeatures, VoicePromptEncoder, align
 from cosy.verify.random_model.onnx_models import write_campplus_onnx, write_speech_tokenizer_onnx
@@ -29,7 +30,7 @@ def onnx_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def encoder(onnx_dir) -> VoicePromptEncoder:
-    return VoicePromptEncoder(onnx_dir, threads=1)
+    return VoicePromptEncoder(onnx_dir, threads=1, family=CV2)
 
 
 @pytest.fixture(scope="module")
@@ -123,12 +124,12 @@ def test_bad_audio_is_an_audio_error(encoder):
 def test_missing_or_corrupt_onnx_files_are_named(tmp_path, onnx_dir):
     (tmp_path / "campplus.onnx").write_bytes((onnx_dir / "campplus.onnx").read_bytes())
     with pytest.raises(ModelDirError, match="speech_tokenizer_v2.onnx is missing"):
-        VoicePromptEncoder(tmp_path)
+        VoicePromptEncoder(tmp_path, family=CV2)
     (tmp_path / "speech_tokenizer_v2.onnx").write_bytes(b"not a protobuf at all" * 10)
     with pytest.raises(ModelDirError, match="speech_tokenizer_v2.onnx is corrupt"):
-        VoicePromptEncoder(tmp_path)
+        VoicePromptEncoder(tmp_path, family=CV2)
     (tmp_path / "speech_tokenizer_v2.onnx").write_bytes((onnx_dir / "campplus.onnx").read_bytes())
     with pytest.raises(ModelDirError, match="does not look like a speech tokenizer"):
-        VoicePromptEncoder(tmp_path)
+        VoicePromptEncoder(tmp_path, family=CV2)
     with pytest.raises(ModelDirError, match="does not exist"):
-        VoicePromptEncoder(tmp_path / "nowhere")
+        VoicePromptEncoder(tmp_path / "nowhere", family=CV2)

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from cosy.lm.export import WEIGHTS, export_for_vllm, llm_fingerprint, served_model_name
-from cosy.model.files import ModelDirError
+from cosy.model.files import ModelDir, ModelDirError
 from cosy.vllm_plugin import LOGITS_PROCESSOR
 
 API_KEY_ENV = "COSY_LLM_API_KEY"
@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         export_dir = export_for_vllm(args.model_dir, args.cache_dir)
-        name = served_model_name(llm_fingerprint(args.model_dir, args.cache_dir))
+        name = served_model_name(llm_fingerprint(args.model_dir, args.cache_dir), ModelDir(args.model_dir).family)
     except (ModelDirError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -8,10 +8,11 @@ from __future__ import annotations
 import math
 
 import torch
+from collections.abc import Callable
+
 from torch import Tensor, nn
 
 from cosy.flow.config import CFMConfig, EstimatorConfig
-from cosy.flow.decoder import CausalConditionalDecoder
 
 
 def fixed_noise(seed: int, n_mels: int, frames: int) -> Tensor:
@@ -22,12 +23,17 @@ def fixed_noise(seed: int, n_mels: int, frames: int) -> Tensor:
 
 
 class CausalConditionalCFM(nn.Module):
-    """Holds the estimator (key prefix `estimator.`) and the fixed starting noise (not in the state dict)."""
+    """Holds the estimator (key prefix `estimator.`) and the fixed starting noise (not in the state dict).
 
-    def __init__(self, cfg: CFMConfig, estimator_cfg: EstimatorConfig):
+    estimator: builds the velocity estimator v(x, mu, t, spks, cond, streaming) from `estimator_cfg`
+    (the model family's `flow_estimator`; CosyVoice2: the U-Net `CausalConditionalDecoder`).
+    """
+
+    def __init__(self, cfg: CFMConfig, estimator_cfg: EstimatorConfig,
+                 estimator: Callable[[EstimatorConfig], nn.Module]):
         super().__init__()
         self.cfg = cfg
-        self.estimator = CausalConditionalDecoder(estimator_cfg)
+        self.estimator = estimator(estimator_cfg)
         # The official model draws this once at construction; every call starts from its first T frames, so a
         # re-run of a longer prefix (streaming) reproduces earlier frames. Read-only after init.
         self.register_buffer("rand_noise", fixed_noise(cfg.noise_seed, estimator_cfg.out_channels, cfg.noise_frames),

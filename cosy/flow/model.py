@@ -3,9 +3,12 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from collections.abc import Callable
+
 from torch import Tensor, nn
 
-from cosy.flow.config import FlowConfig
+from cosy.flow.config import EstimatorConfig, FlowConfig
+from cosy.flow.decoder import CausalConditionalDecoder
 from cosy.flow.encoder import UpsampleConformerEncoder
 from cosy.flow.flow_matching import CausalConditionalCFM
 
@@ -15,9 +18,13 @@ class FlowModel(nn.Module):
 
     Attribute names mirror the official state-dict keys, so `load_state_dict(torch.load('flow.pt'))` works
     as is. The module keeps no per-request state; concurrent calls may share it.
+
+    estimator: the CFM's velocity estimator class, from the model family (`ModelFamily.flow_estimator`, see
+    `cosy.model.load.load_flow`); CosyVoice2's U-Net when not given.
     """
 
-    def __init__(self, cfg: FlowConfig):
+    def __init__(self, cfg: FlowConfig,
+                 estimator: Callable[[EstimatorConfig], nn.Module] = CausalConditionalDecoder):
         super().__init__()
         enc = cfg.encoder
         if enc.pre_lookahead_len != cfg.pre_lookahead_len or enc.upsample_stride != cfg.token_mel_ratio:
@@ -32,7 +39,7 @@ class FlowModel(nn.Module):
             self.spk_embed_affine_layer = nn.Linear(cfg.spk_embed_dim, cfg.output_size)
             self.encoder = UpsampleConformerEncoder(enc)
             self.encoder_proj = nn.Linear(enc.output_size, cfg.output_size)
-            self.decoder = CausalConditionalCFM(cfg.cfm, cfg.estimator)
+            self.decoder = CausalConditionalCFM(cfg.cfm, cfg.estimator, estimator)
 
     @torch.inference_mode()
     def inference(self, token: Tensor, prompt_token: Tensor, prompt_feat: Tensor, embedding: Tensor,

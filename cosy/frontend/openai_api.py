@@ -40,7 +40,6 @@ from cosy.frontend.speech_stream import Piece, SpeechRequest, open_speech
 from cosy.pipeline.request import SEED_RANGE, SPEED_RANGE, SynthesisRequest
 
 log = logging.getLogger(__name__)
-TOKENS_PER_SECOND = 25  # CosyVoice2's speech tokens
 
 
 class VoiceId(BaseModel):
@@ -70,14 +69,15 @@ async def _audio(pieces: AsyncIterator[Piece], request_id: str) -> AsyncIterator
         raise
 
 
-async def _events(pieces: AsyncIterator[Piece], request_id: str, characters: int) -> AsyncIterator[str]:
+async def _events(pieces: AsyncIterator[Piece], request_id: str, characters: int,
+                  tokens_per_second: int) -> AsyncIterator[str]:
     seconds = 0.0
     try:
         async for p in pieces:
             seconds += p.seconds
             if p.data:
                 yield sse({"type": "speech.audio.delta", "audio": base64.b64encode(p.data).decode("ascii")})
-        out = round(seconds * TOKENS_PER_SECOND)
+        out = round(seconds * tokens_per_second)
         yield sse({"type": "speech.audio.done",
                     "usage": {"input_tokens": characters, "output_tokens": out, "total_tokens": characters + out}})
     except CosyError as e:
@@ -100,7 +100,7 @@ def build_openai_router(service: FrontendService, refs: ReferenceAudios, depende
         pieces = await open_speech(service, refs, req, received)
         headers = {"X-Request-Id": request_id, "X-Cosy-Speed": f"{speed:g}"}
         if body.stream_format == "sse":
-            return StreamingResponse(_events(pieces, request_id, len(body.input)), media_type="text/event-stream",
+            return StreamingResponse(_events(pieces, request_id, len(body.input), service.family.token_frame_rate), media_type="text/event-stream",
                                      headers={**headers, "Cache-Control": "no-cache"})
         return StreamingResponse(_audio(pieces, request_id), media_type=MEDIA_TYPES[body.response_format],
                                  headers=headers)

@@ -140,8 +140,10 @@ def readiness(service: FrontendService, llm_base_url: str | None,
     from cosy.lm.remote import BackendError, RemoteLM
 
     urls = [u.strip() for u in (llm_base_url or "").split(",") if u.strip()]
-    name = served_model_name(llm_fingerprint(service.pool.spec.model_dir)) if urls else ""
-    backends = [RemoteLM(u, llm_api_key, name, connect_timeout=2.0, read_timeout=5.0, retries=0) for u in urls]
+    family = service.family
+    name = served_model_name(llm_fingerprint(service.pool.spec.model_dir), family) if urls else ""
+    backends = [RemoteLM(u, llm_api_key, name, connect_timeout=2.0, read_timeout=5.0, retries=0, family=family)
+                for u in urls]
 
     def ready() -> tuple[bool, str]:
         if not service.pool.alive():

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,8 @@ from cosy.deploy.data_dir import DataDir
 from cosy.deploy.voices import check_voice_id
 from cosy.errors import CosyError
 from cosy.frontend.metrics import Metrics
+from cosy.model.family import ModelFamily
+from cosy.model.files import ModelDir
 from cosy.pipeline.request import SERVED_MODES, SynthesisError, SynthesisRequest
 from cosy.service.workers import WorkerPool
 
@@ -38,6 +41,11 @@ class FrontendService:
     @property
     def sample_rate(self) -> int:
         return self.pool.sample_rate
+
+    @cached_property
+    def family(self) -> ModelFamily:
+        """The model family the workers serve (token rate, ids, names)."""
+        return ModelDir(self.pool.spec.model_dir).family
 
     def resolve(self, req: SynthesisRequest) -> SynthesisRequest:
         """Checked, with a saved voice's stored features in place of `voice_id` (no ONNX work per request;

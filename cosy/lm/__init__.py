@@ -8,7 +8,6 @@
 """
 from cosy.lm.config import LMConfig, read_lm_config
 from cosy.lm.model import SpeechLM
-from cosy.lm.sampling import EOS, STOP_TOKENS, SamplingParams, ras_distribution, ras_sample
+from cosy.lm.sampling import SamplingParams, ras_distribution, ras_sample
 
-__all__ = ["EOS", "LMConfig", "STOP_TOKENS", "SamplingParams", "SpeechLM", "ras_distribution", "ras_sample",
-           "read_lm_config"]
+__all__ = ["LMConfig", "SamplingParams", "SpeechLM", "ras_distribution", "ras_sample", "read_lm_config"]

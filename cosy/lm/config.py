@@ -22,15 +22,17 @@ class LMConfig:
     rope_theta: float = 1e6
     rms_norm_eps: float = 1e-6
     max_position_embeddings: int = 32768
-    speech_token_size: int = 6561  # speech tokens 0..6560; then eos 6561, 6562, fill 6563
+    speech_token_size: int = 6561  # speech tokens 0..6560 (the family's `tokens.size`)
+    speech_vocab: int = 6564  # + the family's special ids (CosyVoice2: eos 6561, 6562, fill 6563)
 
     @property
     def num_speech_rows(self) -> int:
-        """Rows of `speech_embedding` / outputs of `llm_decoder`: speech tokens + 3 special ids."""
-        return self.speech_token_size + 3
+        """Rows of `speech_embedding` / outputs of `llm_decoder`: the family's `tokens.vocab`."""
+        return self.speech_vocab
 
 
-def read_lm_config(qwen_config: str | Path, llm_input_size: int, speech_token_size: int) -> LMConfig:
+def read_lm_config(qwen_config: str | Path, llm_input_size: int, speech_token_size: int,
+                   speech_vocab: int) -> LMConfig:
     """Read the Qwen2 `config.json`; the yaml's `llm_input_size` must equal its hidden size.
 
     Raises ValueError naming the file for anything we don't implement (other architectures, rope scaling,
@@ -63,6 +65,7 @@ def read_lm_config(qwen_config: str | Path, llm_input_size: int, speech_token_si
             rms_norm_eps=float(c.get("rms_norm_eps", 1e-6)),
             max_position_embeddings=int(c.get("max_position_embeddings", 32768)),
             speech_token_size=int(speech_token_size),
+            speech_vocab=int(speech_vocab),
         )
     except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"{path}: {e}") from None

@@ -1,12 +1,14 @@
-"""Export llm.pt as a directory vLLM can serve: the speech-token LM as a plain causal LM over 6564 ids.
+"""Export llm.pt as a directory vLLM can serve: the speech-token LM as a plain causal LM over its speech ids.
 
     fp = llm_fingerprint("path/to/CosyVoice2-0.5B")        # sha256 of llm.pt (cached by path, size, times)
     path = export_for_vllm("path/to/CosyVoice2-0.5B")      # ~/.cache/cosy/vllm/cosyvoice2-<sha256>/
-    name = served_model_name(fp)                           # what the backend serves it as
+    name = served_model_name(fp, family)                   # what the backend serves it as
 
-The exported LM: embed_tokens = speech_embedding (decode steps feed speech tokens), lm_head = llm_decoder
-(with bias, hence the `CosyVoice2ForCausalLM` architecture of `cosy.vllm_plugin`); text, sos and task_id
-reach it only as prompt embeddings, so the text embedding table and `llm_embedding` are not exported.
+What is exported is the model family's (`ModelFamily.export_weights`, `.vllm_architecture`, `.tokens.vocab`).
+For CosyVoice2, a Qwen2 over 6564 ids: embed_tokens = speech_embedding (decode steps feed speech tokens),
+lm_head = llm_decoder (with bias, hence the `CosyVoice2ForCausalLM` architecture of `cosy.vllm_plugin`);
+text, sos and task_id reach it only as prompt embeddings, so the text embedding table and `llm_embedding`
+are not exported. config.json carries `cosy_family` (the family name) for the plugin's logits processor.
 The export lives in a writable cache (the model dir may be a read-only mount) under a name keyed by the
 content hash of llm.pt, so a fine-tuned llm.pt never serves stale weights. Concurrent exporters are
 serialised by file locks and every file is written under a temporary name and renamed into place.
@@ -23,11 +25,12 @@ from pathlib import Path
 from filelock import FileLock
 from safetensors.torch import save_file
 
-from cosy.model.files import LLM, QWEN_DIR, ModelDir, ModelDirError
+from cosy.model.family import ModelFamily
+from cosy.model.families.cosyvoice2 import FAMILY as COSYVOICE2
+from cosy.model.files import ModelDir, ModelDirError
 
-ARCHITECTURE = "CosyVoice2ForCausalLM"
 WEIGHTS = "model.safetensors"
-BACKBONE_PREFIX = "llm.model.model."  # llm.pt keys of the Qwen2 layers and final norm
+FAMILY_KEY = "cosy_family"  # config.json key naming the model family
 _HASH_CHUNK = 8 << 20
 
 
@@ -36,9 +39,12 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("COSY_CACHE") or Path.home() / ".cache" / "cosy").expanduser()
 
 
-def served_model_name(fingerprint: str) -> str:
-    """The model name a backend serves llm.pt under; frontends compare it with GET /v1/models."""
-    return "cosyvoice2-" + fingerprint[:16]
+def served_model_name(fingerprint: str, family: ModelFamily | None = None) -> str:
+    """The model name a backend serves llm.pt under; frontends compare it with GET /v1/models.
+
+    family: the model directory's (`ModelDir(path).family`); None stands for CosyVoice2, for callers that
+    predate families."""
+    return (family or COSYVOICE2).served_model_name(fingerprint)
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -65,7 +71,8 @@ def llm_fingerprint(model_dir: str | Path, cache_dir: str | Path | None = None) 
     """sha256 hex of llm.pt's content, remembered in a sidecar keyed by (path, size, mtime_ns, ctime_ns,
     inode): hashing 2 GB on every start is wasteful. ctime and inode catch a same-size file rewritten with
     its old mtime restored (`cp -p`, `rsync -a`), which size + mtime alone would miss."""
-    llm = ModelDir(model_dir).file(LLM).resolve()
+    md = ModelDir(model_dir)
+    llm = md.file(md.family.files.llm).resolve()
     st = llm.stat()
     key = {"path": str(llm), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns,
            "inode": st.st_ino}
@@ -91,27 +98,30 @@ def llm_fingerprint(model_dir: str | Path, cache_dir: str | Path | None = None) 
 
 
 def vllm_config(model_dir: ModelDir) -> dict:
-    """The Qwen2 config of `CosyVoice-BlankEN/config.json` turned into the 6564-id speech LM's config."""
-    path = model_dir.file(QWEN_DIR) / "config.json"
+    """The Qwen2 config of `CosyVoice-BlankEN/config.json` turned into the speech LM's config (CosyVoice2:
+    6564 ids), with the family's architecture and name."""
+    family = model_dir.family
+    path = model_dir.file(family.files.qwen_dir) / "config.json"
     try:
         cfg = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise ModelDirError(f"{path} is not a readable JSON file ({type(e).__name__}: {e})") from None
-    cfg.update(architectures=[ARCHITECTURE], model_type="qwen2", tie_word_embeddings=False,
-               vocab_size=model_dir.config.speech_token_size + 3)  # speech tokens + eos, 6562, fill
+    cfg.update(architectures=[family.vllm_architecture], model_type="qwen2", tie_word_embeddings=False,
+               vocab_size=family.tokens.vocab, **{FAMILY_KEY: family.name})
     return cfg
 
 
 def _weights(model_dir: ModelDir) -> dict:
-    sd = model_dir.state_dict(LLM)
+    family = model_dir.family
+    llm, prefix = family.files.llm, family.backbone_prefix
+    sd = model_dir.state_dict(llm)
     try:
-        out = {"model.embed_tokens.weight": sd["speech_embedding.weight"],
-               "lm_head.weight": sd["llm_decoder.weight"], "lm_head.bias": sd["llm_decoder.bias"]}
+        out = {dst: sd[src] for dst, src in family.export_weights}
     except KeyError as e:
-        raise ModelDirError(f"{model_dir.file(LLM)} has no {e.args[0]}: not a CosyVoice2 llm.pt") from None
+        raise ModelDirError(f"{model_dir.file(llm)} has no {e.args[0]}: not a {family.name} llm.pt") from None
     for key, value in sd.items():
-        if key.startswith(BACKBONE_PREFIX) and not key.startswith(BACKBONE_PREFIX + "embed_tokens."):
-            out["model." + key[len(BACKBONE_PREFIX):]] = value
+        if key.startswith(prefix) and not key.startswith(prefix + "embed_tokens."):
+            out["model." + key[len(prefix):]] = value
     # safetensors wants contiguous tensors; each llm.pt tensor has its own storage, so no copies otherwise
     return {k: v.contiguous() for k, v in out.items()}
 
@@ -128,7 +138,7 @@ def export_for_vllm(model_dir: str | Path, cache_dir: str | Path | None = None) 
     config_text = json.dumps(vllm_config(md), indent=2, sort_keys=True) + "\n"
     root = cache / "vllm"
     root.mkdir(parents=True, exist_ok=True)
-    final = root / f"cosyvoice2-{fp}"
+    final = root / f"{md.family.served_name_prefix}-{fp}"
 
     def current() -> bool:
         try:

@@ -1,5 +1,7 @@
 """The speech-token LM: official CosyVoice2 `Qwen2LM` (inference only), text + voice prompt -> speech tokens.
 
+Token ids, stop set, sos/task_id rows and length ratios come from the model family (`ModelDir.family`).
+
 Prompt layout (as embeddings, positions from 0):
     [sos, embed_tokens(prompt_text ++ text), task_id, speech_embedding(prompt_speech_tokens)]
 Per mode: zero-shot and saved voice pass prompt text + prompt speech tokens; cross-lingual passes neither;
@@ -17,11 +19,11 @@ from torch import Tensor, nn
 from cosy.lm.config import LMConfig, read_lm_config
 from cosy.lm.prompt import build_prompt_embeds
 from cosy.lm.qwen2 import KVCache, Linear, Qwen2Encoder, RotaryTable
-from cosy.lm.sampling import STOP_TOKENS, SamplingParams, ras_sample
-from cosy.model.files import LLM, QWEN_DIR, ModelDir, ModelDirError, load_strict
+from cosy.lm.sampling import SamplingParams, ras_sample
+from cosy.model.family import ModelFamily
+from cosy.model.files import ModelDir, ModelDirError, load_strict
 
 LM_HEAD_KEY = "llm.model.lm_head.weight"  # tied copy of embed_tokens in llm.pt; never used
-MIN_TOKEN_TEXT_RATIO, MAX_TOKEN_TEXT_RATIO = 2, 20
 
 
 class SpeechLM(nn.Module):
@@ -31,9 +33,11 @@ class SpeechLM(nn.Module):
     `generate()` call, so several threads may generate at once with one shared, read-only module.
     """
 
-    def __init__(self, cfg: LMConfig, sampling: SamplingParams | None = None):
+    def __init__(self, cfg: LMConfig, family: ModelFamily, sampling: SamplingParams | None = None):
         super().__init__()
-        self.cfg = cfg
+        if cfg.num_speech_rows != family.tokens.vocab:
+            raise ValueError(f"{family.name} has {family.tokens.vocab} speech ids, the config {cfg.num_speech_rows}")
+        self.cfg, self.family, self.tokens = cfg, family, family.tokens
         self.sampling = sampling or SamplingParams()
         # Random init is thrown away (weights come from llm.pt); don't let it consume the caller's CPU RNG.
         with torch.random.fork_rng(devices=[]):
@@ -48,26 +52,27 @@ class SpeechLM(nn.Module):
         """cosyvoice2.yaml + CosyVoice-BlankEN/config.json + llm.pt (strict; only the unused tied
         `llm.model.lm_head.weight` is dropped). Errors name the offending file."""
         md = model_dir if isinstance(model_dir, ModelDir) else ModelDir(model_dir)
-        mc = md.config
-        qwen_config = md.file(QWEN_DIR) / "config.json"
+        mc, family = md.config, md.family
+        qwen_config = md.file(family.files.qwen_dir) / "config.json"
         if not qwen_config.exists():
             raise ModelDirError(f"{qwen_config} is missing (the Qwen2 config of the LM backbone)")
         try:
-            cfg = read_lm_config(qwen_config, mc.llm_input_size, mc.speech_token_size)
+            cfg = read_lm_config(qwen_config, mc.llm_input_size, mc.speech_token_size, family.tokens.vocab)
         except ValueError as e:
             raise ModelDirError(str(e)) from None
         with torch.device("meta"):  # no wasted random init of ~0.5 G parameters
-            lm = cls(cfg, mc.sampling)
-        sd = md.state_dict(LLM)
+            lm = cls(cfg, family, mc.sampling)
+        llm = md.file(family.files.llm)
+        sd = md.state_dict(family.files.llm)
         sd.pop(LM_HEAD_KEY, None)
         if torch.device(device).type == "cpu" and all(v.dtype == dtype for v in sd.values()):
             # use the memory-mapped file tensors as they are: the text embedding table (0.5 GB at full
             # size, a few rows read per request) then costs no memory
-            load_strict(lm, sd, md.file(LLM), assign=True)
+            load_strict(lm, sd, llm, assign=True, yaml=family.files.yaml)
             return lm.eval()
         # allocate in the target device/dtype and copy (casting) straight from the mmapped file
         lm = lm.to_empty(device=device).to(dtype=dtype)
-        load_strict(lm, sd, md.file(LLM))
+        load_strict(lm, sd, llm, yaml=family.files.yaml)
         return lm.eval()
 
     @property
@@ -81,14 +86,13 @@ class SpeechLM(nn.Module):
     def prompt_embeds(self, text_ids: Sequence[int] | Tensor, prompt_text_ids: Sequence[int] | Tensor = (),
                       prompt_speech_tokens: Sequence[int] | Tensor = ()) -> Tensor:
         """(1, 2 + len(prompt_text) + len(text) + len(prompt_speech), H) prompt in the model dtype/device."""
-        return build_prompt_embeds(self.llm_embedding.weight, self.llm.model.model.embed_tokens.weight,
-                                   self.speech_embedding.weight, text_ids, prompt_text_ids,
-                                   prompt_speech_tokens, self.cfg.speech_token_size)
+        tables = {"llm_embedding": self.llm_embedding.weight, "embed_tokens": self.llm.model.model.embed_tokens.weight,
+                  "speech_embedding": self.speech_embedding.weight}
+        return build_prompt_embeds(tables, self.family, text_ids, prompt_text_ids, prompt_speech_tokens)
 
-    @staticmethod
-    def length_limits(n_text_tokens: int) -> tuple[int, int]:
+    def length_limits(self, n_text_tokens: int) -> tuple[int, int]:
         """(min_len, max_len) of the output for a target text of n tokens (prompt text not counted)."""
-        return MIN_TOKEN_TEXT_RATIO * n_text_tokens, MAX_TOKEN_TEXT_RATIO * n_text_tokens
+        return self.family.length_limits(n_text_tokens)
 
     def _start(self, prompt_embeds: Tensor, n_steps: int) -> tuple[KVCache, RotaryTable]:
         if prompt_embeds.dim() != 3 or prompt_embeds.size(0) != 1 or prompt_embeds.size(2) != self.cfg.hidden_size:
@@ -111,8 +115,9 @@ class SpeechLM(nn.Module):
                  params: SamplingParams | None = None) -> Iterator[int]:
         """Yield speech tokens as they are produced (never the stop token).
 
-        Stops on a stop token (6561/6562/6563) or after max_len tokens. Before min_len only eos 6561 is
-        masked, as in the official code, so 6562/6563 can still end the output early. The same seed gives
+        Stops on a stop token (`tokens.stop`, CosyVoice2: 6561/6562/6563) or after max_len tokens. Before
+        min_len only `tokens.min_len_mask` (eos 6561) is masked, as in the official code, so 6562/6563 can
+        still end the output early. The same seed gives
         the same tokens; the global RNG is not touched (seed None draws a fresh seed from the OS).
         """
         p = params or self.sampling
@@ -123,13 +128,14 @@ class SpeechLM(nn.Module):
             gen.manual_seed(seed)
         cache, rope = self._start(prompt_embeds, max(max_len, 0))
         history: list[int] = []
+        stop = self.tokens.stop
         x = prompt_embeds
         for i in range(max_len):
             logits, _ = self._step(x, cache, rope)
             if p.ignore_stop:
-                logits[list(STOP_TOKENS)] = float("-inf")
-            token = ras_sample(logits, history, p, gen, mask_eos=i < min_len)
-            if token in STOP_TOKENS:
+                logits[list(stop)] = float("-inf")
+            token = ras_sample(logits, history, p, gen, mask_eos=i < min_len, tokens=self.tokens)
+            if token in stop:
                 return
             yield token
             history.append(token)

@@ -14,6 +14,7 @@ from torch import Tensor
 
 from cosy.lm.remote import BackendError, BackendUnavailable, RemoteLM
 from cosy.lm.sampling import SamplingParams
+from cosy.model.family import ModelFamily
 
 
 class BackendPool:
@@ -88,10 +89,11 @@ class BackendPool:
 
 
 def connect(base_urls: str, api_key: str | None, model: str, sampling: SamplingParams | None = None,
-            check: bool = True) -> BackendPool:
-    """`--llm_base_url` (comma-separated URLs) -> a checked pool of backends serving `model`."""
+            check: bool = True, family: ModelFamily | None = None) -> BackendPool:
+    """`--llm_base_url` (comma-separated URLs) -> a checked pool of backends serving `model` (of `family`,
+    None: CosyVoice2)."""
     urls = [u.strip() for u in base_urls.split(",") if u.strip()]
-    pool = BackendPool([RemoteLM(u, api_key, model, sampling) for u in urls])
+    pool = BackendPool([RemoteLM(u, api_key, model, sampling, family=family) for u in urls])
     if check:
         pool.check()
     return pool

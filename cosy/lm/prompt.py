@@ -1,7 +1,9 @@
 """The LM prompt as embeddings: [sos, embed_tokens(prompt_text ++ text), task_id, speech_embedding(prompt)].
 
 Both the embedded LM and frontends that talk to a remote backend build it; a frontend needs only the
-three embedding tables of llm.pt, not the transformer (`PromptEmbedder`).
+embedding tables of llm.pt, not the transformer (`PromptEmbedder`). Where sos and task_id come from is a
+family fact (`ModelFamily.sos` / `.task_id`): CosyVoice2 rows 0 and 1 of `llm_embedding`, CosyVoice3 rows
+6561 and 6563 of `speech_embedding`.
 """
 from __future__ import annotations
 
@@ -11,11 +13,11 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from cosy.model.files import LLM, ModelDir
+from cosy.model.family import ModelFamily
+from cosy.model.files import ModelDir
 
-SOS, TASK_ID = 0, 1  # rows of llm_embedding
 TABLES = {"llm_embedding": "llm_embedding.weight", "embed_tokens": "llm.model.model.embed_tokens.weight",
-          "speech_embedding": "speech_embedding.weight"}
+          "speech_embedding": "speech_embedding.weight"}  # table name -> llm.pt key
 
 
 def ids_tensor(ids: Sequence[int] | Tensor, limit: int, what: str, device: torch.device | str = "cpu") -> Tensor:
@@ -26,40 +28,48 @@ def ids_tensor(ids: Sequence[int] | Tensor, limit: int, what: str, device: torch
     return t.to(device)
 
 
+def tables_of(family: ModelFamily) -> tuple[str, ...]:
+    """The tables a family's prompt reads: embed_tokens, speech_embedding and those of sos / task_id."""
+    return tuple(dict.fromkeys(("embed_tokens", "speech_embedding", family.sos.table, family.task_id.table)))
+
+
 @torch.no_grad()  # not inference_mode: callers may modify or store the result
-def build_prompt_embeds(llm_embedding: Tensor, embed_tokens: Tensor, speech_embedding: Tensor,
-                        text_ids: Sequence[int] | Tensor, prompt_text_ids: Sequence[int] | Tensor = (),
-                        prompt_speech_tokens: Sequence[int] | Tensor = (), speech_token_size: int = 6561) -> Tensor:
-    """Tables (2, H), (V, H), (S, H) -> (1, 2 + len(prompt_text) + len(text) + len(prompt_speech), H)."""
+def build_prompt_embeds(tables: dict[str, Tensor], family: ModelFamily, text_ids: Sequence[int] | Tensor,
+                        prompt_text_ids: Sequence[int] | Tensor = (),
+                        prompt_speech_tokens: Sequence[int] | Tensor = ()) -> Tensor:
+    """Tables {"embed_tokens": (V, H), "speech_embedding": (S, H), CosyVoice2's "llm_embedding": (2, H)}
+    -> (1, 2 + len(prompt_text) + len(text) + len(prompt_speech), H)."""
+    embed_tokens = tables["embed_tokens"]
     dev = embed_tokens.device
     text = torch.cat([ids_tensor(prompt_text_ids, embed_tokens.size(0), "prompt text", dev),
                       ids_tensor(text_ids, embed_tokens.size(0), "text", dev)])
-    speech = ids_tensor(prompt_speech_tokens, speech_token_size, "prompt speech token", dev)
-    return torch.cat([llm_embedding[SOS:SOS + 1], embed_tokens[text], llm_embedding[TASK_ID:TASK_ID + 1],
-                      speech_embedding[speech]]).unsqueeze(0)
+    speech = ids_tensor(prompt_speech_tokens, family.tokens.size, "prompt speech token", dev)
+    sos, task = family.sos, family.task_id
+    return torch.cat([tables[sos.table][sos.row:sos.row + 1], embed_tokens[text],
+                      tables[task.table][task.row:task.row + 1], tables["speech_embedding"][speech]]).unsqueeze(0)
 
 
 class PromptEmbedder:
     """The embedding tables of llm.pt, memory-mapped: rows are read only when a prompt uses them."""
 
-    def __init__(self, tables: dict[str, Tensor], speech_token_size: int):
-        self.tables, self.speech_token_size = tables, speech_token_size
+    def __init__(self, tables: dict[str, Tensor], family: ModelFamily):
+        self.tables, self.family = tables, family
 
     @classmethod
     def from_model_dir(cls, model_dir: str | Path | ModelDir) -> "PromptEmbedder":
         md = model_dir if isinstance(model_dir, ModelDir) else ModelDir(model_dir)
-        sd = md.state_dict(LLM)
-        missing = [k for k in TABLES.values() if k not in sd]
+        llm = md.family.files.llm
+        sd = md.state_dict(llm)
+        names = tables_of(md.family)
+        missing = [TABLES[n] for n in names if TABLES[n] not in sd]
         if missing:
-            raise ValueError(f"{md.file(LLM)} lacks {', '.join(missing)}")
-        return cls({name: sd[key] for name, key in TABLES.items()}, md.config.speech_token_size)
+            raise ValueError(f"{md.file(llm)} lacks {', '.join(missing)}")
+        return cls({name: sd[TABLES[name]] for name in names}, md.family)
 
     @property
     def hidden_size(self) -> int:
-        return self.tables["llm_embedding"].size(1)
+        return self.tables["embed_tokens"].size(1)
 
     def __call__(self, text_ids: Sequence[int] | Tensor, prompt_text_ids: Sequence[int] | Tensor = (),
                  prompt_speech_tokens: Sequence[int] | Tensor = ()) -> Tensor:
-        t = self.tables
-        return build_prompt_embeds(t["llm_embedding"], t["embed_tokens"], t["speech_embedding"], text_ids,
-                                   prompt_text_ids, prompt_speech_tokens, self.speech_token_size)
+        return build_prompt_embeds(self.tables, self.family, text_ids, prompt_text_ids, prompt_speech_tokens)

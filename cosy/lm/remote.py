@@ -19,9 +19,9 @@ import torch
 from torch import Tensor
 
 from cosy.errors import Unavailable
-from cosy.lm.sampling import STOP_TOKENS, SamplingParams
-
-SPEECH_VOCAB = 6564  # speech tokens 0..6560 and the stop ids 6561..6563
+from cosy.lm.sampling import SamplingParams
+from cosy.model.family import ModelFamily
+from cosy.model.families.cosyvoice2 import FAMILY as COSYVOICE2
 
 
 class BackendError(Unavailable, RuntimeError):
@@ -58,10 +58,14 @@ class RemoteLM:
     """One backend. Thread-safe: the openai client pools connections; requests share nothing else."""
 
     def __init__(self, base_url: str, api_key: str | None, model: str, sampling: SamplingParams | None = None,
-                 connect_timeout: float = 5.0, read_timeout: float = 120.0, retries: int = 2):
+                 connect_timeout: float = 5.0, read_timeout: float = 120.0, retries: int = 2,
+                 family: ModelFamily | None = None):
+        """family: of the frontend's model directory (its token ids); None stands for CosyVoice2."""
         self.base_url = base_url.rstrip("/")
-        self.model = model  # the served model name, cosyvoice2-<llm.pt fingerprint>
+        self.model = model  # the served model name, <family prefix>-<llm.pt fingerprint>
         self.sampling = sampling or SamplingParams()
+        self.family = family or COSYVOICE2
+        self.tokens = self.family.tokens
         self.retries = retries
         self.client = openai.OpenAI(base_url=self.base_url, api_key=api_key or "none", max_retries=0,
                                     timeout=httpx.Timeout(read_timeout, connect=connect_timeout))
@@ -88,7 +92,7 @@ class RemoteLM:
     def _request(self, prompt_embeds: Tensor, min_len: int, max_len: int, seed: int, p: SamplingParams):
         xargs = {"cosy_min_len": int(min_len), "cosy_ras": 0 if p.greedy else 1, "cosy_top_p": float(p.top_p),
                  "cosy_top_k": int(p.top_k), "cosy_win": int(p.win_size), "cosy_tau": float(p.tau_r)}
-        stop = [] if p.ignore_stop else list(STOP_TOKENS)
+        stop = [] if p.ignore_stop else list(self.tokens.stop)
         if p.ignore_stop:
             xargs["cosy_ignore_stop"] = 1
         # plain sampling: the backend's logits processor already turned the row into the RAS distribution
@@ -127,6 +131,7 @@ class RemoteLM:
         seed = seed if seed is not None else int(torch.randint(0, 2**31 - 1, (1,)).item())
         stream = self._open(prompt_embeds, min_len, max_len, seed, p)
         produced, finish = 0, None
+        vocab, stop = self.tokens.vocab, self.tokens.stop
         try:
             for chunk in stream:
                 if not chunk.choices:
@@ -134,10 +139,10 @@ class RemoteLM:
                 choice = chunk.choices[0]
                 finish = choice.finish_reason or finish
                 for token in getattr(choice, "token_ids", None) or []:  # usually one per chunk, sometimes more
-                    if not isinstance(token, int) or not 0 <= token < SPEECH_VOCAB:
+                    if not isinstance(token, int) or not 0 <= token < vocab:
                         raise BackendError(f"the LM backend at {self.base_url} returned an invalid speech token "
-                                           f"{token!r}: is it serving a CosyVoice2 model?")
-                    if token in STOP_TOKENS and not p.ignore_stop:
+                                           f"{token!r}: is it serving a {self.family.name} model?")
+                    if token in stop and not p.ignore_stop:
                         return
                     produced += 1
                     yield token

@@ -1,8 +1,8 @@
 """Repetition Aware Sampling (RAS, from VALL-E 2) exactly as the official CosyVoice2 LM draws its tokens.
 
 Official steps for one decode step (`Qwen2LM.sampling_ids` -> `ras_sampling`):
-  1. weighted_scores = log_softmax(llm_decoder(h)); before min_len, weighted_scores[6561] = -inf (only eos:
-     6562/6563 can still be drawn and end decoding early).
+  1. weighted_scores = log_softmax(llm_decoder(h)); before min_len, weighted_scores[tokens.min_len_mask] = -inf
+     (CosyVoice2: eos 6561 only: 6562/6563 can still be drawn and end decoding early).
   2. Nucleus draw: probs = softmax(weighted_scores), stable descending sort; walk down the list keeping a
      token while the float32 running sum of the kept probs is < top_p and fewer than top_k are kept; draw
      one with probability proportional to its prob.
@@ -11,7 +11,8 @@ Official steps for one decode step (`Qwen2LM.sampling_ids` -> `ras_sampling`):
 So, with p_n the nucleus distribution, R the set of tokens over the repetition threshold, and p_f^(-y) the
 full softmax without y:  P(x) = p_n(x) [x not in R] + sum_{y in R} p_n(y) p_f^(-y)(x).
 
-Randomness comes only from the caller's torch.Generator (the official code uses the global RNG).
+Randomness comes only from the caller's torch.Generator (the official code uses the global RNG). The ids
+come from the model family's `SpeechTokens` (`ModelDir(path).family.tokens`), never from constants here.
 """
 from __future__ import annotations
 
@@ -20,16 +21,14 @@ import torch
 from torch import Tensor
 
 from cosy.model.config import SamplingParams
-
-EOS = 6561
-STOP_TOKENS = (6561, 6562, 6563)
+from cosy.model.family import SpeechTokens
 
 
-def _scores(logits: Tensor, mask_eos: bool) -> Tensor:
-    """(V,) float32 log-probs, eos masked if asked (official: log_softmax, then the mask)."""
+def _scores(logits: Tensor, mask_eos: bool, tokens: SpeechTokens) -> Tensor:
+    """(V,) float32 log-probs, `tokens.min_len_mask` masked if asked (official: log_softmax, then the mask)."""
     scores = logits.float().log_softmax(dim=-1)
     if mask_eos:
-        scores[EOS] = float("-inf")
+        scores[tokens.min_len_mask] = float("-inf")
     return scores
 
 
@@ -49,9 +48,10 @@ def _repeated(token: int, history: list[int], p: SamplingParams) -> bool:
 
 
 def ras_sample(logits: Tensor, history: list[int], p: SamplingParams, generator: torch.Generator,
-               mask_eos: bool) -> int:
-    """Draw the next token. logits: (V,) raw `llm_decoder` output; history: tokens output so far."""
-    scores = _scores(logits, mask_eos)
+               mask_eos: bool, *, tokens: SpeechTokens) -> int:
+    """Draw the next token. logits: (V,) raw `llm_decoder` output; history: tokens output so far;
+    mask_eos: before min_len (masks `tokens.min_len_mask`)."""
+    scores = _scores(logits, mask_eos, tokens)
     if p.greedy:
         return int(scores.argmax())
     kept, ids = _nucleus(scores.softmax(dim=0), p)
@@ -65,9 +65,10 @@ def ras_sample(logits: Tensor, history: list[int], p: SamplingParams, generator:
     return token
 
 
-def ras_distribution(logits: Tensor, history: list[int], p: SamplingParams, mask_eos: bool) -> Tensor:
+def ras_distribution(logits: Tensor, history: list[int], p: SamplingParams, mask_eos: bool, *,
+                     tokens: SpeechTokens) -> Tensor:
     """The exact distribution of `ras_sample`'s draw, (V,) float64 on the CPU (one-hot when greedy)."""
-    scores = _scores(logits, mask_eos).cpu()
+    scores = _scores(logits, mask_eos, tokens).cpu()
     out = torch.zeros(scores.numel(), dtype=torch.float64)
     if p.greedy:
         out[int(scores.argmax())] = 1.0

@@ -1,7 +1,7 @@
-"""The hyperparameters of a CosyVoice2 model directory, read out of its `cosyvoice2.yaml` as data.
+"""The hyperparameters of a model directory, read out of its yaml (`cosyvoice2.yaml`) as data.
 
-Only the values our modules need are taken; the yaml's class names are checked (so a CosyVoice 1 or 3
-yaml fails clearly) but never imported.
+Only the values our modules need are taken; the yaml's class names are checked against the family's
+`yaml_classes` (so a CosyVoice 1 or 3 yaml under the wrong name fails clearly) but never imported.
 """
 from __future__ import annotations
 
@@ -11,17 +11,9 @@ from typing import Any
 
 from cosy.flow.config import CFMConfig, EncoderConfig, EstimatorConfig, FlowConfig
 from cosy.hift.config import HiFTConfig
+from cosy.model import families
+from cosy.model.family import ModelFamily
 from cosy.model.hyperyaml import Tagged, load_hyperyaml
-
-# The official classes whose arguments we read (last component of the tag's dotted name).
-_EXPECTED = {
-    "flow": "CausalMaskedDiffWithXvec",
-    "flow.encoder": "UpsampleConformerEncoder",
-    "flow.decoder": "CausalConditionalCFM",
-    "flow.decoder.estimator": "CausalConditionalDecoder",
-    "hift": "HiFTGenerator",
-    "hift.f0_predictor": "ConvRNNF0Predictor",
-}
 
 
 @dataclass
@@ -50,20 +42,21 @@ class ModelConfig:
     hift: HiFTConfig
 
 
-def _node(doc: dict, path: str) -> Tagged:
+def _node(doc: dict, path: str, expected_classes: dict[str, str]) -> Tagged:
+    """The tagged node at dotted `path`; ValueError unless it builds the family's class for that path."""
     node: Any = doc
     for part in path.split("."):
         node = node.get(part) if isinstance(node, (dict, Tagged)) else None
-    expected = _EXPECTED[path]
+    expected = expected_classes[path]
     if not isinstance(node, Tagged) or node.target.rsplit(".", 1)[-1] != expected:
         found = node.target if isinstance(node, Tagged) else type(node).__name__
         raise ValueError(f"'{path}' should be a !new:...{expected}, found {found}")
     return node
 
 
-def _flow_config(doc: dict) -> FlowConfig:
-    flow, enc = _node(doc, "flow"), _node(doc, "flow.encoder")
-    cfm, est = _node(doc, "flow.decoder"), _node(doc, "flow.decoder.estimator")
+def _flow_config(doc: dict, classes: dict[str, str]) -> FlowConfig:
+    flow, enc = _node(doc, "flow", classes), _node(doc, "flow.encoder", classes)
+    cfm, est = _node(doc, "flow.decoder", classes), _node(doc, "flow.decoder.estimator", classes)
     cfm_params = cfm.get("cfm_params")
     cfm_params = cfm_params.get("content", {}) if isinstance(cfm_params, Tagged) else (cfm_params or {})
     ratio = int(flow.get("token_mel_ratio", 2))
@@ -103,8 +96,8 @@ def _flow_config(doc: dict) -> FlowConfig:
     )
 
 
-def _hift_config(doc: dict) -> HiFTConfig:
-    hift, f0 = _node(doc, "hift"), _node(doc, "hift.f0_predictor")
+def _hift_config(doc: dict, classes: dict[str, str]) -> HiFTConfig:
+    hift, f0 = _node(doc, "hift", classes), _node(doc, "hift.f0_predictor", classes)
     istft = hift["istft_params"]
     return HiFTConfig(
         in_channels=int(hift["in_channels"]),
@@ -130,13 +123,22 @@ def _hift_config(doc: dict) -> HiFTConfig:
     )
 
 
-def read_model_config(yaml_path: str | Path) -> ModelConfig:
-    """Read `cosyvoice2.yaml`. Raises ValueError naming the file and the key when something is off."""
+def read_model_config(yaml_path: str | Path, family: ModelFamily | None = None) -> ModelConfig:
+    """Read a family's yaml (default: the family the file name identifies, e.g. `cosyvoice2.yaml`).
+
+    Raises ValueError naming the file and the key when something is off.
+    """
+    if family is None:
+        family = next((f for f in families.families() if f.files.yaml == Path(yaml_path).name), None)
+        if family is None:
+            raise ValueError(f"{yaml_path}: not the yaml of a known model family (one of "
+                             f"{', '.join(families.yaml_names())})")
+    classes = family.expected_classes
     doc = load_hyperyaml(yaml_path, overrides={"qwen_pretrain_path": ""})
     try:
         llm = doc["llm"]
         sampling = llm.get("sampling") if isinstance(llm, Tagged) else None
-        return ModelConfig(
+        cfg = ModelConfig(
             sample_rate=int(doc["sample_rate"]),
             token_frame_rate=int(doc.get("token_frame_rate", 25)),
             chunk_size=int(doc.get("chunk_size", 25)),
@@ -145,8 +147,12 @@ def read_model_config(yaml_path: str | Path) -> ModelConfig:
             sampling=SamplingParams(**{k: sampling.get(k, getattr(SamplingParams, k))
                                        for k in ("top_p", "top_k", "win_size", "tau_r")})
             if isinstance(sampling, Tagged) else SamplingParams(),
-            flow=_flow_config(doc),
-            hift=_hift_config(doc),
+            flow=_flow_config(doc, classes),
+            hift=_hift_config(doc, classes),
         )
     except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"{yaml_path}: {e}") from None
+    if cfg.speech_token_size != family.tokens.size:
+        raise ValueError(f"{yaml_path}: llm.speech_token_size is {cfg.speech_token_size}, but a {family.name} "
+                         f"model has {family.tokens.size} speech tokens")
+    return cfg

@@ -1,14 +1,18 @@
-"""Build our modules from a model directory and load the official weights into them (strict)."""
+"""Build our modules from a model directory and load the official weights into them (strict).
+
+Which classes are built is the model family's (`ModelFamily.flow`, `.flow_estimator`, `.hift`).
+"""
 from __future__ import annotations
 
 from pathlib import Path
 
 import torch
 
-from cosy.flow.model import FlowModel
-from cosy.hift.generator import HiFTGenerator
+from torch import nn
+
 from cosy.hift.weights import fold_weight_norm
-from cosy.model.files import FLOW, HIFT, ModelDir, load_strict
+from cosy.model.family import import_object
+from cosy.model.files import ModelDir, load_strict
 
 
 def as_model_dir(model_dir: str | Path | ModelDir) -> ModelDir:
@@ -16,22 +20,25 @@ def as_model_dir(model_dir: str | Path | ModelDir) -> ModelDir:
 
 
 def load_flow(model_dir: str | Path | ModelDir, device: str | torch.device = "cpu",
-              dtype: torch.dtype = torch.float32) -> FlowModel:
-    """flow.pt -> FlowModel in eval mode (speech tokens + prompt -> mel)."""
+              dtype: torch.dtype = torch.float32) -> nn.Module:
+    """flow.pt -> the family's flow model (CosyVoice2: FlowModel) in eval mode (speech tokens + prompt -> mel)."""
     md = as_model_dir(model_dir)
+    family, name = md.family, md.family.files.flow
     with torch.device("meta"):  # no random init: every parameter comes from flow.pt
-        flow = FlowModel(md.config.flow)
+        flow = import_object(family.flow)(md.config.flow, import_object(family.flow_estimator))
     # the file's (memory-mapped) tensors become the parameters; .to() copies only when it must
-    load_strict(flow, md.state_dict(FLOW), md.file(FLOW), assign=True)
+    load_strict(flow, md.state_dict(name), md.file(name), assign=True, yaml=family.files.yaml)
     return flow.to(device=device, dtype=dtype).eval()
 
 
-def load_hift(model_dir: str | Path | ModelDir, device: str | torch.device = "cpu") -> HiFTGenerator:
-    """hift.pt (either weight-norm key style, optional `generator.` prefix) -> HiFTGenerator, float32.
+def load_hift(model_dir: str | Path | ModelDir, device: str | torch.device = "cpu") -> nn.Module:
+    """hift.pt (either weight-norm key style, optional `generator.` prefix) -> the family's vocoder
+    (CosyVoice2: HiFTGenerator), float32.
 
     Weight norm is folded into plain weights at load, so inference does no normalisation work.
     """
     md = as_model_dir(model_dir)
-    hift = HiFTGenerator(md.config.hift)
-    load_strict(hift, fold_weight_norm(md.state_dict(HIFT)), md.file(HIFT))
+    family, name = md.family, md.family.files.hift
+    hift = import_object(family.hift)(md.config.hift)
+    load_strict(hift, fold_weight_norm(md.state_dict(name)), md.file(name), yaml=family.files.yaml)
     return hift.to(device).eval()

@@ -22,12 +22,13 @@ from torch import Tensor
 
 from cosy.audio.io import load_prompt_wav
 from cosy.lm.export import llm_fingerprint, served_model_name
-from cosy.lm.model import SpeechLM
 from cosy.lm.pool import connect
 from cosy.lm.prompt import PromptEmbedder
 from cosy.lm.sampling import SamplingParams
 from cosy.pipeline.token2wav import load_token2wav
-from cosy.model.files import QWEN_DIR, ModelDir
+from cosy.model.families.cosyvoice2 import FAMILY as COSYVOICE2
+from cosy.model.family import ModelFamily, import_object
+from cosy.model.files import ModelDir
 from cosy.pipeline.request import SynthesisError, SynthesisRequest
 from cosy.prompt.encoder import PromptFeatures, VoicePromptEncoder
 from cosy.text.frontend import TextFrontend
@@ -35,8 +36,6 @@ from cosy.text.tokenizer import ENDOFPROMPT_ID, TextTokenizer
 from cosy.pipeline.token2wav import FlowPrompt, Token2Wav
 
 log = logging.getLogger(__name__)
-
-ENDOFPROMPT = "<|endofprompt|>"
 
 
 class SpeechTokenLM(Protocol):
@@ -50,9 +49,10 @@ class Engine:
     """Text frontend, voice prompt encoder, LM and token2wav, shared by concurrent requests."""
 
     def __init__(self, text: TextFrontend, prompts: VoicePromptEncoder, lm: SpeechTokenLM, t2w: Token2Wav,
-                 prompt_embeds):
+                 prompt_embeds, family: ModelFamily = COSYVOICE2):
         self.text, self.prompts, self.lm, self.t2w = text, prompts, lm, t2w
         self._prompt_embeds = prompt_embeds  # (text ids, prompt text ids, prompt speech tokens) -> (1, L, H)
+        self.family = family  # prompt format and length limits
 
     @classmethod
     def from_model_dir(cls, model_dir: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32,
@@ -62,15 +62,17 @@ class Engine:
         remotely and only its embedding tables are loaded here; the backends are checked now (reachable,
         key accepted, serving this llm.pt)."""
         md = ModelDir(model_dir)
-        text = TextFrontend(TextTokenizer.from_dir(md.file(QWEN_DIR)), ttsfrd_dir)
+        family = md.family
+        text = TextFrontend(TextTokenizer.from_dir(md.file(family.files.qwen_dir)), ttsfrd_dir)
         if llm_base_url:
-            lm: SpeechTokenLM = connect(llm_base_url, llm_api_key, served_model_name(llm_fingerprint(md.path)),
-                                        md.config.sampling)
+            lm: SpeechTokenLM = connect(llm_base_url, llm_api_key,
+                                        served_model_name(llm_fingerprint(md.path), family), md.config.sampling,
+                                        family=family)
             prompt_embeds = PromptEmbedder.from_model_dir(md)
         else:
-            lm = SpeechLM.from_model_dir(md, device=device, dtype=dtype)
+            lm = import_object(family.lm).from_model_dir(md, device=device, dtype=dtype)
             prompt_embeds = lm.prompt_embeds
-        return cls(text, VoicePromptEncoder(md.path), lm, load_token2wav(md, device, dtype), prompt_embeds)
+        return cls(text, VoicePromptEncoder(md), lm, load_token2wav(md, device, dtype), prompt_embeds, family)
 
     @property
     def sample_rate(self) -> int:
@@ -93,7 +95,7 @@ class Engine:
         for i, (segment, text_ids) in enumerate(self._segments(req.text)):
             log.debug("segment %d: %s", i, segment)
             embeds = self._prompt_embeds(text_ids, prompt_text_ids, prompt_speech)
-            min_len, max_len = SpeechLM.length_limits(len(text_ids))
+            min_len, max_len = self.family.length_limits(len(text_ids))
             params = dataclasses.replace(self.lm.sampling, greedy=True) if req.greedy else None
             tokens = self.lm.generate(embeds, min_len, max_len, seed=seed + i, params=params)
             yield from self._token2wav(tokens, flow_prompt, req, seed + i)
@@ -108,20 +110,22 @@ class Engine:
         return self.prompts.encode(req.prompt_wav)
 
     def _lm_prompt(self, req: SynthesisRequest, features: PromptFeatures) -> tuple[list[int], list[int]]:
-        """(prompt text ids, prompt speech tokens) the LM continues from, per mode (official rules)."""
+        """(prompt text ids, prompt speech tokens) the LM continues from, per mode (official rules; the
+        family's `system_prompt` leads the prompt text, empty for CosyVoice2)."""
         speech = features.speech_tokens.flatten().tolist()
+        system = self.family.system_prompt
         if req.mode in ("zero_shot", "voice"):
             if not req.prompt_text.strip():
                 raise SynthesisError(f"mode '{req.mode}' needs the prompt's transcript (prompt_text)")
-            return self.text.encode(self.text.normalize(req.prompt_text, split=False)[0]), speech
+            return self.text.encode(system + self.text.normalize(req.prompt_text, split=False)[0]), speech
         if req.mode == "instruct":
             instruct = req.instruct_text.strip()
             if not instruct:
                 raise SynthesisError("mode 'instruct' needs an instruction (instruct_text)")
-            ids = self.text.encode(instruct if instruct.endswith(ENDOFPROMPT) else instruct + ENDOFPROMPT)
+            ids = self.text.encode(self.family.instruct_prompt(instruct))
             assert ids[-1] == ENDOFPROMPT_ID
             return ids, []  # the instruction is not normalized, and no prompt speech
-        return [], []  # cross-lingual: text only
+        return (self.text.encode(system) if system else []), []  # cross-lingual: text only
 
     def _segments(self, text: str) -> list[tuple[str, list[int]]]:
         if not text or not text.strip():

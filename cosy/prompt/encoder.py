@@ -19,7 +19,8 @@ import torch
 from cosy.audio.features import flow_mel, kaldi_fbank, whisper_log_mel
 from cosy.audio.io import MAX_PROMPT_SECONDS, AudioError, AudioSource, load_prompt
 from cosy.audio.resample import resample
-from cosy.model.files import CAMPPLUS, SPEECH_TOKENIZER, ModelDirError
+from cosy.model.family import ModelFamily
+from cosy.model.files import ModelDir
 from cosy.prompt.onnx_models import SpeakerEmbedder, SpeechTokenizer
 
 TOKENIZER_SR = 16000
@@ -31,7 +32,7 @@ MEL_FRAMES_PER_TOKEN = 2
 class PromptFeatures:
     """Everything a voice prompt contributes to synthesis (CPU tensors)."""
 
-    speech_tokens: torch.Tensor  # (1, Tp) int32, 25 Hz, ids 0..6560
+    speech_tokens: torch.Tensor  # (1, Tp) int32, 25 Hz, ids 0..family.tokens.size - 1 (6560)
     mel: torch.Tensor  # (1, 2*Tp, 80) float32, 50 Hz natural-log mel, aligned to the tokens
     embedding: torch.Tensor  # (1, 192) float32 CAM++ speaker embedding
 
@@ -51,17 +52,20 @@ def align(tokens: torch.Tensor, mel: torch.Tensor) -> tuple[torch.Tensor, torch.
 
 
 class VoicePromptEncoder:
-    """Opens `<model_dir>/speech_tokenizer_v2.onnx` and `<model_dir>/campplus.onnx`; encodes prompts.
+    """Opens the family's speech tokenizer (`<model_dir>/speech_tokenizer_v2.onnx`) and `<model_dir>/campplus.onnx`;
+    encodes prompts.
 
-    threads: intra-op threads of each ONNX session (default: half the cores, 1 to 4).
+    family: the model family (default: detected from the directory's yaml; pass it for a directory that
+    holds only the ONNX files). threads: intra-op threads of each ONNX session (default: half the cores, 1 to 4).
     """
 
-    def __init__(self, model_dir: str | Path, threads: int | None = None):
-        self.model_dir = Path(model_dir).expanduser()
-        if not self.model_dir.is_dir():
-            raise ModelDirError(f"model directory {self.model_dir} does not exist or is not a directory")
-        self.tokenizer = SpeechTokenizer(self.model_dir / SPEECH_TOKENIZER, threads)
-        self.embedder = SpeakerEmbedder(self.model_dir / CAMPPLUS, threads)
+    def __init__(self, model_dir: str | Path | ModelDir, threads: int | None = None,
+                 family: ModelFamily | None = None):
+        md = model_dir if isinstance(model_dir, ModelDir) else ModelDir(model_dir, family)
+        self.model_dir, self.family = md.path, md.family
+        files = self.family.files
+        self.tokenizer = SpeechTokenizer(self.model_dir / files.speech_tokenizer, self.family.tokens.size, threads)
+        self.embedder = SpeakerEmbedder(self.model_dir / files.campplus, threads)
 
     def speech_tokens(self, wav16k: torch.Tensor) -> torch.Tensor:
         """16 kHz wav (1, N), at most 30 s -> speech tokens (1, ceil(N // 160 / 4)) int32."""

@@ -1,4 +1,4 @@
-"""The two ONNX models of a CosyVoice2 directory, run through onnxruntime.
+"""The two ONNX models of a model directory (speech tokenizer, CAM++), run through onnxruntime.
 
 Like the official frontend, inputs are fed by position and their names read from the session (the real
 files call them feats / feats_length and input), so any export with the same signature works.
@@ -18,7 +18,6 @@ import torch
 
 from cosy.model.files import ModelDirError
 
-SPEECH_TOKEN_CLASSES = 6561
 EMBED_DIM = 192
 MAX_TOKENIZER_FRAMES = 3000  # 30 s of 100 Hz Whisper frames: the encoder's positional range
 
@@ -38,7 +37,7 @@ def _session(path: Path, threads: int, providers: list[str]) -> ort.InferenceSes
     available = set(ort.get_available_providers())
     chosen = [p for p in providers if p in available] or ["CPUExecutionProvider"]
     if not path.is_file():
-        raise ModelDirError(f"{path} is missing: a CosyVoice2 model directory needs it")
+        raise ModelDirError(f"{path} is missing: the model directory needs it")
     try:
         return ort.InferenceSession(str(path), sess_options=opts, providers=chosen)
     except Exception as e:  # InvalidProtobuf, truncated file, unsupported op ...
@@ -47,10 +46,13 @@ def _session(path: Path, threads: int, providers: list[str]) -> ort.InferenceSes
 
 
 class SpeechTokenizer:
-    """speech_tokenizer_v2.onnx: Whisper log-mel (1, 128, F) -> speech tokens (1, ceil(F / 4)) int32."""
+    """speech_tokenizer_v2.onnx (v3 alike): Whisper log-mel (1, 128, F) -> speech tokens (1, ceil(F / 4)) int32.
 
-    def __init__(self, path: str | Path, threads: int | None = None):
-        self.path = Path(path)
+    classes: the number of speech tokens it may emit (the family's `tokens.size`, 6561).
+    """
+
+    def __init__(self, path: str | Path, classes: int, threads: int | None = None):
+        self.path, self.classes = Path(path), classes
         self.session = _session(self.path, threads or default_threads(),
                                 ["CUDAExecutionProvider", "CPUExecutionProvider"])
         inputs = self.session.get_inputs()
@@ -60,7 +62,7 @@ class SpeechTokenizer:
         self.feats_name, self.length_name = inputs[0].name, inputs[1].name
 
     def __call__(self, log_mel: torch.Tensor) -> torch.Tensor:
-        """log_mel (1, 128, F) float32 -> tokens (1, T) int32 in 0..6560."""
+        """log_mel (1, 128, F) float32 -> tokens (1, T) int32 in 0..classes - 1."""
         if log_mel.dim() != 3 or log_mel.shape[0] != 1 or log_mel.shape[1] != 128:
             raise ValueError(f"speech tokenizer input must be (1, 128, F), got {tuple(log_mel.shape)}")
         frames = log_mel.shape[2]
@@ -71,8 +73,8 @@ class SpeechTokenizer:
                                       self.length_name: np.array([frames], dtype=np.int32)})[0]
         # Exports differ in output rank ((1, T) or (1, 1, T)) and integer width; the official code flattens.
         tokens = torch.from_numpy(np.asarray(out).reshape(1, -1).astype(np.int32))
-        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= SPEECH_TOKEN_CLASSES):
-            raise ModelDirError(f"{self.path} returned token ids outside 0..{SPEECH_TOKEN_CLASSES - 1}")
+        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.classes):
+            raise ModelDirError(f"{self.path} returned token ids outside 0..{self.classes - 1}")
         return tokens
 
 

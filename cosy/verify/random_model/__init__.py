@@ -13,11 +13,10 @@ from pathlib import Path
 
 import torch
 
-from cosy.flow.model import FlowModel
-from cosy.hift.generator import HiFTGenerator
 from cosy.hift.weights import unfold_weight_norm, weight_normed_keys
 from cosy.model.config import read_model_config
-from cosy.model.files import CAMPPLUS, LLM, QWEN_DIR, SPEECH_TOKENIZER
+from cosy.model.families.cosyvoice2 import FAMILY
+from cosy.model.family import import_object
 from cosy.verify.random_model.llm import write_llm_pt
 from cosy.verify.random_model.onnx_models import write_campplus_onnx, write_speech_tokenizer_onnx
 from cosy.verify.random_model.sizes import SIZES
@@ -58,17 +57,19 @@ def write_random_model(out_dir: str | Path, size: str = "tiny", seed: int = 0) -
     template = resources.files(__package__).joinpath("cosyvoice2.yaml.template").read_text(encoding="utf-8")
     dims = SIZES[size]
     yaml_text = template.format(**vars(dims))
-    _atomic_write(out / "cosyvoice2.yaml", lambda p: p.write_text(yaml_text, encoding="utf-8"))
-    cfg = read_model_config(out / "cosyvoice2.yaml")
+    files = FAMILY.files  # a CosyVoice2 directory: the template and the writers are CosyVoice2's
+    _atomic_write(out / files.yaml, lambda p: p.write_text(yaml_text, encoding="utf-8"))
+    cfg = read_model_config(out / files.yaml, FAMILY)
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         torch.manual_seed(seed)
-        _save(FlowModel(cfg.flow).state_dict(), out / "flow.pt")
-        hift = HiFTGenerator(cfg.hift)
+        flow = import_object(FAMILY.flow)(cfg.flow, import_object(FAMILY.flow_estimator))
+        _save(flow.state_dict(), out / files.flow)
+        hift = import_object(FAMILY.hift)(cfg.hift)
         _voiced_f0(hift)
-        _save(unfold_weight_norm(hift.state_dict(), weight_normed_keys(hift), legacy=True), out / "hift.pt")
+        _save(unfold_weight_norm(hift.state_dict(), weight_normed_keys(hift), legacy=True), out / files.hift)
     llm_dims = (dims.llm_size, dims.llm_layers, dims.llm_heads, dims.llm_kv_heads, dims.llm_intermediate)
-    write_llm_pt(out / LLM, *llm_dims, seed=seed)
-    write_tokenizer_dir(out / QWEN_DIR, *llm_dims)
-    write_speech_tokenizer_onnx(out / SPEECH_TOKENIZER, seed=seed)
-    write_campplus_onnx(out / CAMPPLUS, seed=seed)
+    write_llm_pt(out / files.llm, *llm_dims, seed=seed)
+    write_tokenizer_dir(out / files.qwen_dir, *llm_dims)
+    write_speech_tokenizer_onnx(out / files.speech_tokenizer, seed=seed)
+    write_campplus_onnx(out / files.campplus, seed=seed)
     return out

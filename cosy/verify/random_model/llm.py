@@ -21,8 +21,10 @@ from pathlib import Path
 
 import torch
 
+from cosy.model.families.cosyvoice2 import FAMILY
+
 TEXT_VOCAB = 151936
-SPEECH_ROWS = 6564  # 6561 speech tokens + eos, 6562, fill
+SPEECH_ROWS = FAMILY.tokens.vocab  # 6561 speech tokens + eos, 6562, fill
 QKV_BIAS_STD = 0.5
 NORM_GAIN_STD = 0.1
 LOGIT_STD = 2.5

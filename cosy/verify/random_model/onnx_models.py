@@ -27,7 +27,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-SPEECH_TOKEN_CLASSES = 6561  # 3^8
+from cosy.model.families.cosyvoice2 import FAMILY
+
+SPEECH_TOKEN_CLASSES = FAMILY.tokens.size  # 3^8
 TOKENIZER_MELS = 128
 TOKENIZER_STRIDE = 4  # 100 Hz mel frames -> 25 Hz tokens
 FBANK_DIM = 80
