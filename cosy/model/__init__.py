@@ -1,0 +1,1 @@
+"""A model directory: its files, its yaml read as data, its family, and loading its weights strictly."""

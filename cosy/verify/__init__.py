@@ -1,0 +1,1 @@
+"""Verification tools: golden cases, golden_check, and the random-weight model builder."""
