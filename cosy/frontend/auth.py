@@ -110,6 +110,8 @@ class KeyGate:
         if scope["method"] in ("GET", "HEAD") and path in PAGE_PATHS:
             from starlette.responses import HTMLResponse
             response = HTMLResponse(LOGIN_PAGE, status_code=401, headers={"WWW-Authenticate": "Bearer"})
+        elif any(_bearer(headers.get(n, b"").decode("latin-1")) for n in (b"authorization", b"x-hf-authorization")):
+            response = error_response("wrong API key: send the key the frontend was started with (--api_key)", 401)
         else:
             response = error_response(
                 "this frontend needs its API key: send 'Authorization: Bearer <key>' (the key it was started "
