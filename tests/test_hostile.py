@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import json
-import math
 
 import httpx
 import numpy as np
@@ -311,7 +310,6 @@ def test_the_key_is_in_no_answer_log_metrics_or_command_line(app):
     assert SEEN and not [s for s in SEEN if KEY in s]
     assert KEY not in "".join(app.lines)
     assert KEY not in " ".join(psutil.Process(app.proc.pid).cmdline())
-    assert not math.isnan(len(SEEN))
 
 
 # --- key files ------------------------------------------------------------------------------------------
