@@ -10,6 +10,14 @@ error that crossed the worker-process hop comes back as `JobError` with the same
 """
 from __future__ import annotations
 
+import re
+
+# what an answer must never show: a backend's URL (or host:port), a server path
+_URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>)\],;]+")
+_HOST_PORT = re.compile(r"\b(?:\d{1,3}(?:\.\d{1,3}){3}|localhost|\[[0-9a-fA-F:]+\]):\d{1,5}\b")
+_PROMPT_FILE = re.compile(r"prompt audio file '[^']*'")
+_PATH = re.compile(r"(?<![\w.:/])/(?:[^\s'\"/<>]+/)+[^\s'\"/<>]*")
+
 
 class CosyError(Exception):
     """Base class; `status` is the class default unless given, `retry_after` is seconds (429/503) or None."""
@@ -78,6 +86,15 @@ class JobError(CosyError):
         if isinstance(e, CosyError):
             return type(e).__name__, str(e), e.status, e.retry_after
         return type(e).__name__, f"{type(e).__name__}: {e}", 500, None
+
+
+def public_message(message: str) -> str:
+    """`message` as a client may see it: without URLs and host:port (a backend's address: the log has it)
+    and without server paths (an uploaded file's place in the data dir)."""
+    message = _URL.sub("<backend>", message)
+    message = _HOST_PORT.sub("<backend>", message)
+    message = _PROMPT_FILE.sub("the prompt audio", message)
+    return _PATH.sub("<file>", message)
 
 
 def error_type(status: int) -> str:

@@ -58,3 +58,53 @@ def test_errors_carry_their_status_across_the_hop():
     assert isinstance(e, CosyError) and error_type(e.status) == "invalid_request_error"
     assert [error_type(s) for s in (401, 404, 429, 503, 500)] == [
         "unauthorized", "not_found", "rate_limited", "unavailable", "server_error"]
+
+
+def test_lm_budget_says_by_how_much_and_text_needs_something_to_speak():
+    from cosy.pipeline.request import check_lm_budget, clean_filename, speakable
+
+    req = SynthesisRequest(mode="voice", text="你好，世界。", prompt_text="字" * 900)
+    check_lm_budget(req, 8192, prompt_speech_tokens=750)
+    need = 2 + 900 + 750 + 6 * 21
+    with pytest.raises(SynthesisError, match=f"need {need} tokens, but the LM takes at most 1024: shorten "
+                                             f"prompt_text by at least {need - 1024} characters") as e:
+        check_lm_budget(req, 1024, prompt_speech_tokens=750)
+    assert e.value.status == 400
+    with pytest.raises(SynthesisError, match="instruct_text is too long"):
+        check_lm_budget(SynthesisRequest(mode="instruct", text="hi", instruct_text="x" * 999), 512)
+    for text in ("\x00", "\u200b\u200c\u200d\ufeff", " \t\n\u3000", "\u202e"):
+        with pytest.raises(SynthesisError, match="text is empty: nothing to speak"):
+            SynthesisRequest(mode="zero_shot", text=text).check()
+    assert speakable("a\u200bb\x00") == "ab"
+    assert clean_filename("../x/my\x00voice\u202e.wav") == "myvoice.wav" and clean_filename("\x00") == "upload"
+
+
+def test_a_backends_max_model_len_is_read_from_its_models_list():
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+    from fastapi import FastAPI
+
+    from cosy.frontend.server import backend_max_model_len
+
+    app = FastAPI()
+
+    @app.get("/v1/models")
+    def models():
+        return {"data": [{"id": "other", "max_model_len": 1}, {"id": "ours", "max_model_len": 2048}]}
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True).start()
+    while not server.started:
+        time.sleep(0.05)
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+    try:
+        assert backend_max_model_len(url, "k", "ours") == 2048
+        assert backend_max_model_len(url, "k", "missing") is None
+        assert backend_max_model_len("http://127.0.0.1:9/v1", "k", "ours", timeout=1) is None
+    finally:
+        server.should_exit = True

@@ -12,7 +12,9 @@ Prompt limits, each rejected with an `AudioError` that tells a user what is wron
 * at least 0.5 s: 12 speech tokens and 50 fbank frames; below that the speaker embedding is noise and the
   LM has almost no voice to continue (the official prompts are 3-15 s);
 * not silent: peak at or above -60 dBFS (a silent prompt gives a meaningless voice);
-* finite samples.
+* finite samples, none louder than MAX_SAMPLE_PEAK (2.0, i.e. +6 dBFS) after decoding: integer PCM is
+  always within [-1, 1); a float wav beyond that is broken or not speech (`check_samples`, which the
+  HTTP upload applies too, so every surface refuses the same audio).
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ MAX_PROMPT_SECONDS = 30.0
 MIN_PROMPT_SECONDS = 0.5
 MIN_PROMPT_SAMPLE_RATE = 16000
 SILENCE_PEAK = 1e-3  # -60 dBFS
+MAX_SAMPLE_PEAK = 2.0  # +6 dBFS: float audio beyond it is refused
 
 AudioSource = Union[str, Path, bytes, bytearray, memoryview, tuple]
 
@@ -138,12 +141,24 @@ def check_prompt(wav: torch.Tensor, sr: int, name: str = "prompt audio") -> None
         raise AudioError(f"{name} is {seconds:.1f} s; the limit is {MAX_PROMPT_SECONDS:g} s")
     if seconds < MIN_PROMPT_SECONDS:
         raise AudioError(f"{name} is {seconds:.2f} s; a prompt needs at least {MIN_PROMPT_SECONDS:g} s")
-    if not bool(torch.isfinite(wav).all()):
-        raise AudioError(f"{name} contains NaN or infinite samples")
+    check_samples(wav, name)
     peak = float(wav.abs().max())
     if peak < SILENCE_PEAK:
         level = "-inf" if peak == 0 else f"{20 * math.log10(peak):.0f}"
         raise AudioError(f"{name} is silent (peak {level} dBFS)")
+
+
+def check_samples(wav: torch.Tensor | np.ndarray, name: str = "prompt audio") -> None:
+    """AudioError unless every sample is finite and within +-MAX_SAMPLE_PEAK."""
+    data = wav.detach().cpu().numpy() if isinstance(wav, torch.Tensor) else np.asarray(wav)
+    if data.size == 0:
+        return
+    if not bool(np.isfinite(data).all()):
+        raise AudioError(f"{name} contains NaN or infinite samples")
+    peak = float(np.abs(data).max())
+    if peak > MAX_SAMPLE_PEAK:
+        raise AudioError(f"{name} is too loud: its peak is {peak:.3g} x full scale, the limit is "
+                         f"{MAX_SAMPLE_PEAK:g} (a float wav out of range or not speech)")
 
 
 def load_prompt(source: AudioSource) -> tuple[torch.Tensor, int]:

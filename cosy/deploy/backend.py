@@ -51,6 +51,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api_key", default=os.environ.get(API_KEY_ENV),
                    help=f"key clients must send (default: ${API_KEY_ENV}); required unless --no_api_key")
+    p.add_argument("--api_key_file", default=None,
+                   help="read the key from this file (trailing newline stripped; keeps it out of ps)")
     p.add_argument("--no_api_key", action="store_true", help="serve without authentication")
     p.add_argument("--dtype", default=None, help="float32 on CPU, bfloat16 on GPU by default")
     p.add_argument("--gpu_memory_utilization", type=float, default=None)
@@ -59,10 +61,18 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--cache_dir", default=None, help="writable export cache (default $COSY_CACHE or ~/.cache/cosy)")
     p.add_argument("--start_timeout", type=float, default=1800.0, help="seconds to wait for the server")
     args = p.parse_args(argv)
+    if args.api_key_file is not None:
+        from cosy.keyfile import KeyFileError, read_key_file
+        if "--api_key" in argv:
+            p.error("give --api_key or --api_key_file, not both")
+        try:
+            args.api_key = read_key_file(args.api_key_file, "--api_key_file")
+        except KeyFileError as e:
+            p.error(str(e))
     if args.no_api_key:
         args.api_key = None
     elif not args.api_key:
-        p.error(f"--api_key (or ${API_KEY_ENV}) is required; pass --no_api_key to serve without one")
+        p.error(f"--api_key, --api_key_file (or ${API_KEY_ENV}) is required; pass --no_api_key to serve without one")
     return args, extra
 
 

@@ -15,14 +15,15 @@ import logging
 import math
 from collections.abc import Callable
 
-from fastapi import APIRouter, HTTPException
+from fastapi import APIRouter
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException  # FastAPI's is a subclass: both are caught
 from starlette.requests import Request
 from starlette.responses import Response
 
-from cosy.errors import CosyError, error_type
+from cosy.errors import CosyError, error_type, public_message
 
 log = logging.getLogger(__name__)
 DEFAULT_RETRY_AFTER = 5.0
@@ -49,7 +50,11 @@ def error_response(message: str, status: int, retry_after: float | None = None,
 
 
 def from_cosy_error(e: CosyError) -> JSONResponse:
-    return error_response(str(e), e.status, e.retry_after)
+    """The answer for a CosyError: its status; a 5xx message is logged in full and answered without
+    URLs or server paths (`cosy.errors.public_message`)."""
+    if e.status >= 500:
+        log.warning("answering %d: %s", e.status, e)
+    return error_response(public_message(str(e)), e.status, e.retry_after)
 
 
 def describe_validation(errors: list[dict]) -> str:
@@ -78,8 +83,13 @@ class ApiRoute(APIRoute):
                 return from_cosy_error(e)
             except RequestValidationError as e:
                 return error_response(describe_validation(list(e.errors())), 400)
-            except HTTPException as e:  # e.g. a malformed multipart body
-                return error_response(str(e.detail), e.status_code)
+            except HTTPException as e:  # Starlette's: a malformed multipart body, a body that is not JSON
+                detail = e.detail if isinstance(e.detail, str) else json.dumps(e.detail)
+                if e.status_code == 400:
+                    detail = f"malformed request body: {detail}"
+                return error_response(detail, e.status_code)
+            except RecursionError:  # e.g. JSON nested 100,000 deep
+                return error_response("malformed request body: nested too deeply", 400)
             except Exception:
                 log.exception("%s %s failed", request.method, request.url.path)
                 return error_response("internal error (the frontend's log has the details)", 500)

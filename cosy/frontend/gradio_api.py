@@ -28,10 +28,10 @@ import numpy as np
 from gradio import FileData
 from gradio.utils import get_upload_folder, is_in_or_equal
 
-from cosy.errors import BadRequest, CosyError
+from cosy.errors import BadRequest, CosyError, public_message
 from cosy.frontend.encoding import wav_bytes
 from cosy.frontend.service import FrontendService
-from cosy.pipeline.request import SynthesisRequest, as_number
+from cosy.pipeline.request import SynthesisRequest, as_number, clean_filename
 
 log = logging.getLogger(__name__)
 OUT_DIR = Path(tempfile.gettempdir()) / f"cosy-frontend-{os.getpid()}"  # gradio serves only temp/cwd files
@@ -47,8 +47,11 @@ def user_errors() -> Iterator[None]:
     except gr.Error:
         raise
     except CosyError as e:
-        # the WebUI renders the message as HTML and it may quote user input
-        raise gr.Error(html.escape(str(e), quote=False), print_exception=False) from None
+        if e.status >= 500:
+            log.warning("answering %d: %s", e.status, e)
+        # never a server path or a backend's URL (public_message); the WebUI renders the message as HTML
+        # and it may quote user input
+        raise gr.Error(html.escape(public_message(str(e)), quote=False), print_exception=False) from None
     except Exception:  # a bug or a broken worker: details go to the server log only
         log.exception("request failed")
         raise gr.Error("internal error while handling the request; the server log has the details",
@@ -67,7 +70,7 @@ def stored_upload(service: FrontendService, path: str | None, filename: str | No
         data = Path(path).read_bytes()
     except OSError:
         raise BadRequest("the uploaded prompt audio could not be read; upload it again") from None
-    return service.data.save_upload(data, filename or Path(path).name)
+    return service.data.save_upload(data, clean_filename(filename or Path(path).name))
 
 
 def uploaded(service: FrontendService, value: object) -> Path | None:

@@ -7,8 +7,8 @@
 Routes: the PAI-compatible API under /api/v1/audio (cosy.frontend.pai_api), OpenAI's POST
 /v1/audio/speech (cosy.frontend.openai_api), GET /health (the process is up; no key), GET /ready (models
 loaded and LM backend reachable, else 503 with the reason; no key, for load balancers), GET /metrics
-(Prometheus). With `api_key`, every other route needs `Authorization: Bearer <key>` (or the bare key, as
-PAI-EAS clients send it), else 401. Errors have one JSON shape (cosy.frontend.api_routing).
+(Prometheus). With `api_key`, every other route of the app (Gradio's too: cosy.frontend.auth.KeyGate)
+needs `Authorization: Bearer <key>` (or the bare key, as PAI-EAS clients send it), else 401. Errors have one JSON shape (cosy.frontend.api_routing).
 
 Routing with Gradio at "/": a root mount matches every path, so (1) `install` must run before Gradio is
 mounted (`cosy.frontend.server.build_app` does), and (2) `ApiGate`, a middleware that looks at each
@@ -30,7 +30,8 @@ from starlette.routing import BaseRoute, Match, Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from cosy.errors import Unauthorized, Unavailable
-from cosy.frontend.api_routing import add_route, api_router, error_response
+from cosy.frontend.api_routing import add_route, api_router, error_response, log
+from cosy.frontend.auth import KeyGate
 from cosy.frontend.metrics import Metrics
 from cosy.frontend.openai_api import build_openai_router
 from cosy.frontend.pai_api import build_pai_router
@@ -71,7 +72,8 @@ def build_router(service: FrontendService, *, api_key: str | None, ready: Ready)
         return {"status": "ok"}
 
     async def readiness():
-        """Models loaded and the LM backend reachable; else 503 with the reason (no key needed)."""
+        """Models loaded and the LM backend reachable, else 503 (no key needed). The answer says only
+        ready / not ready; why not (which backend, which host) goes to the log."""
         start = time.monotonic()
         try:
             ok, reason = await run_in_threadpool(ready)
@@ -79,8 +81,9 @@ def build_router(service: FrontendService, *, api_key: str | None, ready: Ready)
             ok, reason = False, f"the readiness check failed: {type(e).__name__}: {e}"
         metrics.ready_check.observe(time.monotonic() - start)
         if not ok:
-            raise Unavailable(f"not ready: {reason}")
-        return {"status": "ready", "detail": reason}
+            log.warning("/ready: not ready: %s", reason)
+            raise Unavailable("not ready (the frontend's log says why)")
+        return {"status": "ready"}
 
     async def prometheus():
         body, content_type = metrics.render()
@@ -165,4 +168,6 @@ def install(app: FastAPI, service: FrontendService, *, api_key: str | None, read
     app.include_router(build_router(service, api_key=api_key, ready=ready))
     ours = [r for r in app.router.routes if id(r) not in before]
     app.add_middleware(ApiGate, outer=app, api_routes=ours, metrics=metrics)
+    if api_key:  # added last, so it runs first: the key guards every route of the app, Gradio's too
+        app.add_middleware(KeyGate, api_key=api_key)
     return metrics

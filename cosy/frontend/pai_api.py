@@ -39,13 +39,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
-from cosy.errors import BadRequest, CosyError
+from cosy.errors import BadRequest, CosyError, PayloadTooLarge
 from cosy.frontend.api_routing import add_route, api_router, error_body, sse
 from cosy.frontend.encoding import FORMATS
 from cosy.frontend.reference_audio import PCM_DEFAULT_RATE, ReferenceAudios
 from cosy.frontend.service import FrontendService
 from cosy.frontend.speech_stream import Piece, SpeechRequest, open_speech
-from cosy.pipeline.request import SEED_RANGE, SPEED_RANGE, SynthesisRequest
+from cosy.pipeline.request import (LIMIT_RANGE, PCM_RATE_RANGE, SAMPLE_RATE_RANGE, SEED_RANGE, SPEED_RANGE,
+                                   VOLUME_RANGE, SynthesisRequest, check_range)
 
 # PAI's mode names -> ours; fast_replication uses the reference audio's stored transcript (our mode 'voice')
 MODES = {"fast_replication": "voice", "cross_lingual_replication": "cross_lingual",
@@ -58,8 +59,6 @@ MULTIPART_SLACK = 1 << 20  # form fields and boundaries around the file
 BIT_RATES = ("16k", "32k", "48k", "64k", "128k", "192k", "256k", "320k", "384k")
 BIT_RATE_RANGE = (8000, 384000)
 DEFAULT_BIT_RATE = "192k"
-SAMPLE_RATE_RANGE = (8000, 48000)
-VOLUME_RANGE = (0.0, 10.0)
 
 
 def parse_bit_rate(value: object, where: str = "bit_rate") -> int | None:
@@ -184,16 +183,19 @@ def build_pai_router(service: FrontendService, refs: ReferenceAudios, dependenci
                                    "as multipart/form-data")
             if not isinstance(text, str) or not text.strip():
                 raise BadRequest("'text' is required: the transcript of the reference audio")
-            try:
-                rate = int(form.get("sample_rate") or PCM_DEFAULT_RATE)
-            except ValueError:
-                raise BadRequest("'sample_rate' must be an integer (Hz, for .pcm uploads)") from None
+            rate = form.get("sample_rate")
+            if not isinstance(rate, (str, type(None))):
+                raise BadRequest("'sample_rate' must be a form field (Hz, for .pcm uploads), not a file")
+            rate = check_range(rate or PCM_DEFAULT_RATE, "sample_rate", *PCM_RATE_RANGE, kind=int)
             data = await file.read(refs.max_bytes + 1)
+            if len(data) > refs.max_bytes:  # a chunked body has no length to refuse it by up front
+                raise PayloadTooLarge(f"the uploaded file is larger than the limit of {refs.max_bytes / 2**20:.0f} MB "
+                                      "(a voice prompt needs only 3-30 s of audio)")
             return await run_in_threadpool(refs.create, data, file.filename or "", text, rate)
         finally:
             await form.close()
 
-    async def list_reference_audio(limit: int = Query(100, ge=1, le=1000),
+    async def list_reference_audio(limit: int = Query(100, ge=LIMIT_RANGE[0], le=LIMIT_RANGE[1]),
                                    order: Literal["asc", "desc"] = "desc"):
         """Reference audios (every saved voice of the data dir), by creation time."""
         return await run_in_threadpool(refs.list, limit, order)

@@ -17,17 +17,18 @@ import json
 import os
 import tempfile
 import uuid
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 import av
 import numpy as np
 
-from cosy.audio.io import MAX_PROMPT_SECONDS
+from cosy.audio.io import MAX_PROMPT_SECONDS, check_samples
 from cosy.deploy.data_dir import upload_extension, write_atomic
 from cosy.deploy.voices import UnknownVoice, VoiceError, check_voice_id
 from cosy.errors import BadRequest, CosyError, NotFound
 from cosy.frontend.encoding import wav_bytes
 from cosy.frontend.service import FrontendService
+from cosy.pipeline.request import clean_filename
 
 META_FILE = "reference.json"
 PCM_DEFAULT_RATE = 16000
@@ -42,6 +43,8 @@ def decode_upload(data: bytes, ext: str, pcm_rate: int = PCM_DEFAULT_RATE) -> tu
         if len(data) % 2:
             raise BadRequest("a .pcm upload must be 16-bit little-endian mono samples (an even number of bytes)")
         audio = np.frombuffer(data, "<i2").astype(np.float32) / 32768.0
+        if pcm_rate <= 0:
+            raise BadRequest(f"sample_rate {pcm_rate} is not a sample rate (Hz)")
         if len(audio) > (MAX_PROMPT_SECONDS + 1) * pcm_rate:
             raise BadRequest(f"the reference audio is longer than {MAX_PROMPT_SECONDS:.0f} s")
         return audio, pcm_rate
@@ -62,7 +65,9 @@ def decode_upload(data: bytes, ext: str, pcm_rate: int = PCM_DEFAULT_RATE) -> tu
         raise BadRequest(f"the uploaded file is not audio we can decode ({e})") from None
     if not n:
         raise BadRequest("the uploaded file contains no audio samples")
-    return np.concatenate(parts).astype(np.float32), int(rate)
+    audio = np.concatenate(parts).astype(np.float32)
+    check_samples(audio, "the reference audio")  # NaN, Inf, far beyond full scale: as every surface refuses
+    return audio, int(rate)
 
 
 class ReferenceAudios:
@@ -118,6 +123,8 @@ class ReferenceAudios:
         if not text:
             raise BadRequest("'text' is required: the transcript of the reference audio")
         self.service.data.check_upload(len(data))
+        self.service.check_transcript(text, "'text'")  # before any work: a transcript the LM cannot take is a 400 now
+        filename = clean_filename(filename)
         ext = upload_extension(filename)
         audio, rate = decode_upload(data, ext, pcm_rate)
         wav = wav_bytes(audio, rate)
@@ -131,7 +138,7 @@ class ReferenceAudios:
             except CosyError as e:  # speak of the upload, not of our temporary file
                 raise CosyError(str(e).replace(f"prompt audio file '{tmp}'", "the reference audio"), e.status,
                                 e.retry_after) from None
-            name = PurePosixPath(str(filename).replace("\\", "/")).name[:255]
+            name = filename
             try:
                 meta = {"filename": name, "bytes": len(data)}
                 write_atomic(self._dir(ref_id) / META_FILE, json.dumps(meta, ensure_ascii=False).encode("utf-8"))

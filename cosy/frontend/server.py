@@ -37,13 +37,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="comma-separated LM backends (http://host:port/v1); absent: an embedded LM per worker")
     p.add_argument("--llm_api_key", default=os.environ.get("COSY_LLM_API_KEY"),
                    help="API key of the LM backends (default: $COSY_LLM_API_KEY)")
+    p.add_argument("--llm_api_key_file", default=None,
+                   help="read the LM backends' key from this file (trailing newline stripped; keeps it out of ps)")
     p.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
     p.add_argument("--port", type=int, default=50000, help="port to listen on (default 50000)")
     p.add_argument("--workers", type=int, default=1, help="synthesis worker processes (default 1)")
     p.add_argument("--enable_mps", action="store_true",
                    help="start or join the CUDA MPS daemon so the workers share the GPU")
     p.add_argument("--api_key", default=os.environ.get("COSY_API_KEY"),
-                   help="bearer token the HTTP APIs require (default: $COSY_API_KEY; unset = open)")
+                   help="the key every route but /health and /ready requires: HTTP APIs, gradio API, WebUI "
+                        "(default: $COSY_API_KEY; unset = open)")
+    p.add_argument("--api_key_file", default=None,
+                   help="read --api_key from this file (trailing newline stripped; keeps it out of ps)")
     p.add_argument("--max_queue", type=int, default=64,
                    help="waiting requests before new ones are refused as busy (default 64)")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None,
@@ -51,6 +56,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.workers < 1 or args.max_queue < 0:
         p.error("--workers must be >= 1 and --max_queue >= 0")
+    from cosy.keyfile import KeyFileError, read_key_file
+    for flag, dest in (("--api_key_file", "api_key"), ("--llm_api_key_file", "llm_api_key")):
+        path = getattr(args, dest + "_file")
+        if path is not None:
+            if getattr(args, dest) and f"--{dest}" in (argv or sys.argv):
+                p.error(f"give --{dest} or {flag}, not both")
+            try:
+                setattr(args, dest, read_key_file(path, flag))
+            except KeyFileError as e:
+                p.error(str(e))
     return args
 
 
@@ -107,6 +122,21 @@ def build_service(args: argparse.Namespace) -> FrontendService:
     return FrontendService(pool, data)
 
 
+def backend_max_model_len(base_url: str, api_key: str | None, model: str, timeout: float = 5.0) -> int | None:
+    """The `max_model_len` a vLLM backend lists for `model` in `GET /v1/models`; None if it cannot say."""
+    import httpx
+    try:
+        r = httpx.get(base_url.rstrip("/") + "/models", timeout=timeout,
+                      headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
+        r.raise_for_status()
+        for m in r.json().get("data", []):
+            if m.get("id") == model and isinstance(m.get("max_model_len"), int):
+                return m["max_model_len"]
+    except (httpx.HTTPError, ValueError, AttributeError):
+        pass
+    return None
+
+
 def build_app(service: FrontendService, workers: int, max_queue: int,
               extensions: Sequence[Callable[[FastAPI], object]] = ()) -> FastAPI:
     """FastAPI app: `extensions(app)` add their routes first, then the WebUI and gradio_client API are
@@ -145,6 +175,16 @@ def readiness(service: FrontendService, llm_base_url: str | None,
     backends = [RemoteLM(u, llm_api_key, name, connect_timeout=2.0, read_timeout=5.0, retries=0, family=family)
                 for u in urls]
 
+    lens: dict[str, int] = {}
+
+    def learn_max_len(b: RemoteLM) -> None:
+        """The LM's context: the smallest max_model_len of the backends seen (a request must fit any)."""
+        if b.base_url not in lens:
+            n = backend_max_model_len(b.base_url, llm_api_key, name)
+            if n:
+                lens[b.base_url] = n
+                service.lm_max_len = min(lens.values())
+
     def ready() -> tuple[bool, str]:
         if not service.pool.alive():
             return False, "synthesis workers are not running"
@@ -152,10 +192,14 @@ def readiness(service: FrontendService, llm_base_url: str | None,
         for b in backends:
             try:
                 b.check()
+                learn_max_len(b)
                 return True, "ready"
             except BackendError as e:
                 errors.append(str(e))
         return (False, "; ".join(errors)) if errors else (True, "ready")
+
+    for b in backends:  # at start-up: each reachable backend's max_model_len (later ones at /ready)
+        learn_max_len(b)
 
     return ready
 
@@ -182,6 +226,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         from cosy.frontend import http_api
         ready = readiness(service, args.llm_base_url, args.llm_api_key)
+        say(f"the LM takes {service.lm_max_len or 'an unknown number of'} tokens per request (text and "
+            "transcript lengths are checked against it)")
         app = build_app(service, args.workers, args.max_queue,
                         extensions=[lambda app: http_api.install(app, service, api_key=args.api_key, ready=ready)])
         _Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",

@@ -20,7 +20,8 @@ from cosy.errors import CosyError
 from cosy.frontend.metrics import Metrics
 from cosy.model.family import ModelFamily
 from cosy.model.files import ModelDir
-from cosy.pipeline.request import SERVED_MODES, SynthesisError, SynthesisRequest
+from cosy.pipeline.request import (EMBEDDED_LM_MAX_LEN, MAX_PROMPT_TEXT_CHARS, SERVED_MODES, SynthesisError,
+                                   SynthesisRequest, check_lm_budget, check_text)
 from cosy.service.workers import WorkerPool
 
 SURFACES = ("webui", "gradio_api", "pai", "openai")
@@ -37,6 +38,9 @@ class FrontendService:
     def __init__(self, pool: WorkerPool, data_dir: DataDir):
         self.pool, self.data = pool, data_dir
         self.metrics = Metrics(pool.stats, lambda: pool.max_queue)
+        # the LM's context in tokens: the embedded LM's documented limit, or the backends' max_model_len
+        # (`cosy.frontend.server` reads it from their /v1/models at start-up); None = not known yet
+        self.lm_max_len: int | None = None if pool.spec.llm_base_url else EMBEDDED_LM_MAX_LEN
 
     @property
     def sample_rate(self) -> int:
@@ -56,10 +60,23 @@ class FrontendService:
         if req.mode == "voice" and not req.voice_id:
             raise SynthesisError("choose a saved voice (voice_id)")
         if not req.voice_id:
+            check_lm_budget(req, self.lm_max_len)
             return req
         voice = self.data.voices.load(req.voice_id)
         prompt_text = voice.prompt_text if req.mode == "voice" else req.prompt_text
-        return replace(req, voice=voice.features, prompt_wav=None, prompt_text=prompt_text)
+        out = replace(req, voice=voice.features, prompt_wav=None, prompt_text=prompt_text)
+        check_lm_budget(out, self.lm_max_len, int(voice.features.speech_tokens.numel()))
+        return out
+
+    def check_transcript(self, prompt_text: str, name: str = "prompt_text") -> str:
+        """A voice prompt's transcript that the LM can take (with one sentence to speak); SynthesisError
+        naming the field `name`."""
+        check_text(prompt_text, name, MAX_PROMPT_TEXT_CHARS)
+        try:
+            check_lm_budget(SynthesisRequest(mode="voice", text="x", prompt_text=prompt_text), self.lm_max_len)
+        except SynthesisError as e:
+            raise SynthesisError(str(e).replace("prompt_text", name)) from None
+        return prompt_text
 
     def stream(self, req: SynthesisRequest, surface: str, received: float | None = None) -> Iterator[np.ndarray]:
         """Audio chunks (float32, `sample_rate`) as the workers make them; metrics under (surface, mode)."""
@@ -93,6 +110,7 @@ class FrontendService:
         if not (prompt_text or "").strip():
             raise SynthesisError("a saved voice needs the prompt's transcript (prompt_text)")
         check_voice_id(voice_id)
+        self.check_transcript(prompt_text)
         features = self.pool.prompt_features(str(prompt_wav))
         v = self.data.voices.save(voice_id, prompt_text.strip(), features, overwrite=overwrite)
         return {"voice_id": v.voice_id, "prompt_text": v.prompt_text, "created_at": v.created_at}

@@ -12,7 +12,10 @@ features) before the request leaves the process, so workers never read the data 
 from __future__ import annotations
 
 import dataclasses
+import math
+import unicodedata
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 from typing import Any
 
 from cosy.errors import BadRequest
@@ -25,6 +28,23 @@ SERVED_MODES = MODES[:4]  # what the frontends offer
 SPEED_RANGE = (0.5, 2.0)  # the flow's mel-length scaling; beyond it speech breaks down
 SEED_RANGE = (0, 2**31 - 1)  # what the LM backends accept as a per-request seed
 MAX_TEXT_CHARS = 20000
+# a prompt's transcript (at most 30 s of speech) and an instruction are short; the LM budget below also applies
+MAX_PROMPT_TEXT_CHARS = 1000
+MAX_INSTRUCT_CHARS = 1000
+# the options of the HTTP APIs (one definition each; the surfaces import these)
+SAMPLE_RATE_RANGE = (8000, 48000)  # output sample rate (Hz)
+PCM_RATE_RANGE = (8000, 192000)  # the rate of a raw .pcm upload (Hz)
+VOLUME_RANGE = (0.0, 10.0)  # output gain
+LIMIT_RANGE = (1, 1000)  # list sizes
+# What the LM must hold for one sentence (see `check_lm_budget`): characters count as tokens (close for
+# Chinese, an over-estimate for Latin text), and the LM may produce up to 20 speech tokens per text token.
+LM_FIXED_TOKENS = 2  # sos + task id
+LM_SENTENCE_TOKENS = 20  # the shortest sentence the budget keeps room for (and its speech)
+LM_SPEECH_PER_TEXT_TOKEN = 20
+EMBEDDED_LM_MAX_LEN = 8192  # the embedded LM's documented limit (the backend's is its --max_model_len)
+# characters that carry nothing to speak: controls (NUL ...), format (zero-width U+200B-U+200D, U+FEFF,
+# bidi marks ...), separators and the unassigned / private / surrogate ranges
+_SILENT_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zs", "Zl", "Zp"})
 
 
 class SynthesisError(BadRequest):
@@ -53,15 +73,15 @@ class SynthesisRequest:
         """Raise SynthesisError naming the first field that breaks a rule; returns self."""
         if self.mode not in MODES:
             raise SynthesisError(f"unknown mode {self.mode!r} (choose from {', '.join(MODES)})")
-        for name in ("text", "prompt_text", "instruct_text"):
+        for name, limit in (("text", MAX_TEXT_CHARS), ("prompt_text", MAX_PROMPT_TEXT_CHARS),
+                            ("instruct_text", MAX_INSTRUCT_CHARS)):
             if getattr(self, name) is None:
                 setattr(self, name, "")
-            if not isinstance(getattr(self, name), str):
-                raise SynthesisError(f"{name} must be a string")
-        if len(self.text) > MAX_TEXT_CHARS:
-            raise SynthesisError(f"text is {len(self.text)} characters; the limit is {MAX_TEXT_CHARS}")
+            check_text(getattr(self, name), name, limit, required=False)
         check_speed(self.speed)
         check_seed(self.seed)
+        if self.mode != "vc":
+            check_text(self.text, "text", MAX_TEXT_CHARS)
         return self
 
     def to_wire(self) -> dict:
@@ -112,3 +132,63 @@ def check_seed(seed: object) -> int | None:
     if isinstance(seed, bool) or not isinstance(seed, int) or not low <= seed <= high:
         raise SynthesisError(f"seed {seed!r} is out of range ({low} to {high})")
     return seed
+
+
+def speakable(text: str) -> str:
+    """`text` without what carries nothing to speak (controls, zero-width and format characters, spaces)."""
+    return "".join(c for c in text if unicodedata.category(c) not in _SILENT_CATEGORIES)
+
+
+def check_text(value: object, name: str, limit: int, required: bool = True) -> str:
+    """A string of at most `limit` characters; `required`: with something to speak. SynthesisError naming `name`."""
+    if not isinstance(value, str):
+        raise SynthesisError(f"{name} must be a string, got {type(value).__name__}")
+    if len(value) > limit:
+        raise SynthesisError(f"{name} is {len(value)} characters; the limit is {limit}")
+    if required and not speakable(value):
+        raise SynthesisError(f"{name} is empty: nothing to speak" + (
+            " (it holds only control, zero-width or space characters)" if value else ""))
+    return value
+
+
+def check_range(value: object, name: str, low: float, high: float, kind: type = float) -> float | int:
+    """A number (see `as_number`) within [low, high]; SynthesisError naming `name` and the range."""
+    number = as_number(value, name, kind)
+    if number is None:
+        raise SynthesisError(f"{name} is required ({low:g} to {high:g})")
+    if not math.isfinite(number) or not low <= number <= high:
+        raise SynthesisError(f"{name} {value!r} is out of range ({low:g} to {high:g})")
+    return number
+
+
+def clean_filename(name: object, default: str = "upload") -> str:
+    """An uploaded file's name as we store and show it: its last path component, without control, format
+    or other invisible characters (a NUL byte, bidi overrides), at most 255 characters."""
+    base = PurePosixPath(str(name or "").replace("\\", "/")).name
+    base = "".join(c for c in base if unicodedata.category(c) not in _SILENT_CATEGORIES or c == " ").strip()
+    return base[:255] or default
+
+
+def lm_tokens_needed(req: "SynthesisRequest", prompt_speech_tokens: int = 0) -> int:
+    """A lower bound of what one LM call of `req` holds: the fixed tokens, the prompt text (the transcript
+    in zero_shot/voice, the instruction in instruct) and the prompt's speech tokens, and one short sentence
+    of the text with its longest speech."""
+    prompt = req.instruct_text if req.mode == "instruct" else req.prompt_text if req.mode in ("zero_shot", "voice") else ""
+    sentence = min(len(speakable(req.text or "")), LM_SENTENCE_TOKENS)
+    return LM_FIXED_TOKENS + len(prompt or "") + prompt_speech_tokens + sentence * (1 + LM_SPEECH_PER_TEXT_TOKEN)
+
+
+def check_lm_budget(req: "SynthesisRequest", max_model_len: int | None, prompt_speech_tokens: int = 0) -> None:
+    """SynthesisError (400) when the request cannot fit the LM's context (`max_model_len` tokens) however
+    the text is split: retrying never helps. The message names the field and says by how much."""
+    if not max_model_len:
+        return
+    need = lm_tokens_needed(req, prompt_speech_tokens)
+    if need <= max_model_len:
+        return
+    over = need - max_model_len
+    field = "instruct_text" if req.mode == "instruct" else "prompt_text"
+    raise SynthesisError(
+        f"{field} is too long for the LM: {len(getattr(req, field) or '')} characters, with the voice prompt's "
+        f"{prompt_speech_tokens} speech tokens and room for one sentence, need {need} tokens, but the LM takes "
+        f"at most {max_model_len}: shorten {field} by at least {over} characters")
