@@ -62,7 +62,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--start_timeout", type=float, default=1800.0, help="seconds to wait for the server")
     args = p.parse_args(argv)
     if args.api_key_file is not None:
-        from cosy.keyfile import KeyFileError, read_key_file
+        from cosy.deploy.keyfile import KeyFileError, read_key_file
         if "--api_key" in argv:
             p.error("give --api_key or --api_key_file, not both")
         try:

@@ -56,7 +56,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.workers < 1 or args.max_queue < 0:
         p.error("--workers must be >= 1 and --max_queue >= 0")
-    from cosy.keyfile import KeyFileError, read_key_file
+    from cosy.deploy.keyfile import KeyFileError, read_key_file
     for flag, dest in (("--api_key_file", "api_key"), ("--llm_api_key_file", "llm_api_key")):
         path = getattr(args, dest + "_file")
         if path is not None:
