@@ -142,7 +142,8 @@ async def open_speech(service: FrontendService, refs: ReferenceAudios, req: Spee
                 yield piece
                 if piece.last:
                     return
-                piece = await pieces.__anext__()
+                # watched here too: a body that waits for its next piece notices a client that left
+                piece = await until_disconnected(request, pieces.__anext__())
         finally:
             await pieces.aclose()
 
