@@ -105,6 +105,8 @@ def error_type(status: int) -> str:
         return "not_found"
     if status == 429:
         return "rate_limited"
+    if status == 499:  # the client went away (nginx's "client closed request")
+        return "cancelled"
     if status in (502, 503, 504):
         return "unavailable"
     return "server_error" if status >= 500 else "invalid_request_error"

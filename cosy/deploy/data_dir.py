@@ -62,9 +62,12 @@ def write_atomic(path: Path, data: bytes) -> None:
 class DataDir:
     """The layout of one data dir: voices/, uploads/, models/. Creating it concurrently is safe."""
 
-    def __init__(self, root: str | Path, max_upload_bytes: int = MAX_UPLOAD_BYTES):
+    def __init__(self, root: str | Path, max_upload_bytes: int = MAX_UPLOAD_BYTES, upload_bounds=None):
+        """upload_bounds: a `cosy.frontend.store.Bounds` (age, total size) that uploads/ is pruned to after
+        every new upload; None: never pruned."""
         self.root = Path(root).expanduser()
         self.max_upload_bytes = max_upload_bytes
+        self.upload_bounds = upload_bounds
         for sub in ("voices", "uploads", "models"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)  # exist_ok: 8 frontends may race here
         self._voices = VoiceStore(self.root / "voices")
@@ -97,12 +100,22 @@ class DataDir:
         Raises `check_upload`'s and `upload_extension`'s errors (all ValueErrors)."""
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise BadRequest("upload data must be bytes")
-        self.check_upload(len(data))
-        ext = upload_extension(filename)
-        path = self.uploads / f"{hashlib.sha256(data).hexdigest()}.{ext}"
+        path = self.upload_path(data, filename)
         if not path.is_file():  # content-addressed: an existing file already holds exactly these bytes
             write_atomic(path, bytes(data))
+            if self.upload_bounds is not None:
+                from cosy.frontend.store import prune
+                prune(self.uploads, self.upload_bounds, keep=path)
+        else:
+            os.utime(path)  # in use again: the newest for the age and size bounds
         return path
+
+    def upload_path(self, data: bytes, filename: str) -> Path:
+        """Where `save_upload` stores these bytes (checked like it: size and file name)."""
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise BadRequest("upload data must be bytes")
+        self.check_upload(len(data))
+        return self.uploads / f"{hashlib.sha256(data).hexdigest()}.{upload_extension(filename)}"
 
     def fine_tuned_models(self) -> list[str]:
         """Names of the complete model dirs directly under models/ (hub downloads' owner dirs are not)."""

@@ -14,9 +14,6 @@ service's message: the client raises it with that text, never with a stack trace
 import atexit
 import html
 import logging
-import os
-import shutil
-import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -28,15 +25,16 @@ import numpy as np
 from gradio import FileData
 from gradio.utils import get_upload_folder, is_in_or_equal
 
-from cosy.errors import BadRequest, CosyError, public_message
+from cosy.errors import BadRequest, CosyError, JobError, public_message
+from cosy.frontend import store
 from cosy.frontend.encoding import wav_bytes
 from cosy.frontend.service import FrontendService
 from cosy.pipeline.request import SynthesisRequest, as_number, clean_filename
 
 log = logging.getLogger(__name__)
-OUT_DIR = Path(tempfile.gettempdir()) / f"cosy-frontend-{os.getpid()}"  # gradio serves only temp/cwd files
-OUT_MAX_AGE = 600.0  # seconds; gradio copies results into its own cache, ours are only a hand-over
-atexit.register(shutil.rmtree, OUT_DIR, ignore_errors=True)
+OUT_DIR = store.RESULTS  # gradio serves only temp/cwd files; gradio copies results into its own cache
+RESULT_BOUNDS = store.DEFAULT_RESULTS  # app.py sets it from --results_max_age / --results_max_mb
+atexit.register(store.remove_temp_root)
 
 
 @contextmanager
@@ -58,10 +56,49 @@ def user_errors() -> Iterator[None]:
                        print_exception=False) from None
 
 
-def stored_upload(service: FrontendService, path: str | None, filename: str | None = None) -> Path | None:
+def _audio_refused(e: BaseException) -> bool:
+    """The error says the uploaded audio itself is bad (not the text, not a busy server)."""
+    kind = e.kind if isinstance(e, JobError) else type(e).__name__
+    return kind == "AudioError" or (isinstance(e, CosyError) and e.status in (413, 415))
+
+
+class _Uploads:
+    """The uploads one request stored (data dir copy, gradio's copy, whether this request created the
+    data dir copy); see `refused_uploads_removed`."""
+
+    def __init__(self):
+        self.items: list[tuple[Path | None, Path, bool]] = []
+
+    def discard(self, e: BaseException) -> None:
+        if not isinstance(e, CosyError) or not 400 <= e.status < 500:
+            return  # ours or a dependency's failure: the upload may be fine; the store bounds apply
+        audio = _audio_refused(e)
+        for stored, original, created in self.items:
+            if stored is not None and (created or audio):
+                stored.unlink(missing_ok=True)
+            if audio and is_in_or_equal(str(original), get_upload_folder()):
+                original.unlink(missing_ok=True)  # gradio's own temp copy: of no use to anyone
+
+
+@contextmanager
+def refused_uploads_removed() -> Iterator[_Uploads]:
+    """Inside: pass the yielded object to `stored_upload(..., track=)`; when the request is refused (a 4xx)
+    the uploads it stored are deleted at once: the data dir copy if this request created it or the audio
+    was refused, gradio's temp copy when the audio was refused."""
+    uploads = _Uploads()
+    try:
+        yield uploads
+    except BaseException as e:
+        uploads.discard(e)
+        raise
+
+
+def stored_upload(service: FrontendService, path: str | None, filename: str | None = None,
+                  track: _Uploads | None = None) -> Path | None:
     """Copy an upload that gradio received into the data dir; the data dir path, or None without a file.
 
-    Only files inside gradio's upload folder are read: a client cannot name an arbitrary server file."""
+    Only files inside gradio's upload folder are read: a client cannot name an arbitrary server file.
+    A refused upload (too large, wrong type) is deleted from gradio's folder at once."""
     if not path:
         return None
     if not is_in_or_equal(path, get_upload_folder()):
@@ -70,10 +107,20 @@ def stored_upload(service: FrontendService, path: str | None, filename: str | No
         data = Path(path).read_bytes()
     except OSError:
         raise BadRequest("the uploaded prompt audio could not be read; upload it again") from None
-    return service.data.save_upload(data, clean_filename(filename or Path(path).name))
+    name = clean_filename(filename or Path(path).name)
+    try:
+        target = service.data.upload_path(data, name)
+    except CosyError:
+        Path(path).unlink(missing_ok=True)
+        raise
+    created = not target.is_file()
+    stored = service.data.save_upload(data, name)
+    if track is not None:
+        track.items.append((stored, Path(path), created))
+    return stored
 
 
-def uploaded(service: FrontendService, value: object) -> Path | None:
+def uploaded(service: FrontendService, value: object, track: _Uploads | None = None) -> Path | None:
     """An API file parameter (FileData as a dict, after gradio's upload checks) -> data dir path."""
     if value is None:
         return None
@@ -81,29 +128,23 @@ def uploaded(service: FrontendService, value: object) -> Path | None:
         value = value.model_dump()
     if not isinstance(value, dict) or not value.get("path"):  # a bare string would be a server path
         raise BadRequest("prompt_wav must be an uploaded file (gradio_client: handle_file(path))")
-    return stored_upload(service, str(value["path"]), value.get("orig_name"))
+    return stored_upload(service, str(value["path"]), value.get("orig_name"), track)
 
 
 def wav_file(audio: np.ndarray, sample_rate: int, stem: str) -> str:
     """Write a result wav (16-bit) for gradio to pick up; old results are pruned on the way."""
     OUT_DIR.mkdir(parents=True, exist_ok=True)
-    now = time.time()
-    for old in OUT_DIR.iterdir():
-        try:
-            if now - old.stat().st_mtime > OUT_MAX_AGE:
-                old.unlink()
-        except OSError:
-            pass  # pruned by a concurrent request
     path = OUT_DIR / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}.wav"
     path.write_bytes(wav_bytes(audio, sample_rate))
+    store.prune(OUT_DIR, RESULT_BOUNDS, keep=path)
     return str(path)
 
 
 def _synthesize(service: FrontendService, mode: str, seed: object, speed: object, prompt_wav: object = None,
                 **fields) -> FileData:
-    with user_errors():
-        req = SynthesisRequest(mode=mode, prompt_wav=uploaded(service, prompt_wav), seed=as_number(seed, "seed", int),
-                               speed=as_number(speed, "speed"), **fields)
+    with user_errors(), refused_uploads_removed() as track:
+        req = SynthesisRequest(mode=mode, prompt_wav=uploaded(service, prompt_wav, track),
+                               seed=as_number(seed, "seed", int), speed=as_number(speed, "speed"), **fields)
         result = service.synthesize(req, "gradio_api")
         return FileData(path=wav_file(result.audio, result.sample_rate, f"cosy-{mode}"))
 
@@ -136,8 +177,8 @@ def register(service: FrontendService) -> None:
     def save_voice(voice_id: str, prompt_text: str, prompt_wav: FileData) -> dict:
         """Save prompt_wav and its transcript as voice voice_id, shared by every frontend on this data
         dir. Returns {voice_id, prompt_text, created_at}."""
-        with user_errors():
-            return service.save_voice(voice_id, prompt_text, uploaded(service, prompt_wav))
+        with user_errors(), refused_uploads_removed() as track:
+            return service.save_voice(voice_id, prompt_text, uploaded(service, prompt_wav, track))
 
     def list_voices() -> list[dict]:
         """The saved voices, newest first: [{voice_id, prompt_text, created_at}]."""

@@ -27,7 +27,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Literal, Union
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -87,7 +87,7 @@ async def _events(pieces: AsyncIterator[Piece], request_id: str, characters: int
 def build_openai_router(service: FrontendService, refs: ReferenceAudios, dependencies: list) -> APIRouter:
     router = api_router(dependencies=dependencies, tags=["OpenAI-compatible"])
 
-    async def create_speech(body: OpenAISpeech):
+    async def create_speech(body: OpenAISpeech, request: Request):
         """OpenAI's text-to-speech endpoint, over this frontend's saved voices."""
         received, request_id = time.monotonic(), uuid.uuid4().hex
         voice = body.voice.id if isinstance(body.voice, VoiceId) else body.voice
@@ -97,7 +97,7 @@ def build_openai_router(service: FrontendService, refs: ReferenceAudios, depende
         synthesis = SynthesisRequest(mode="instruct" if instruct else "voice", text=body.input, voice_id=voice,
                                      instruct_text=instruct, speed=speed, seed=body.seed, stream=True)
         req = SpeechRequest(synthesis, "openai", fmt=body.response_format, sample_rate=service.sample_rate)
-        pieces = await open_speech(service, refs, req, received)
+        pieces = await open_speech(service, refs, req, received, request)  # a client leaving cancels the job
         headers = {"X-Request-Id": request_id, "X-Cosy-Speed": f"{speed:g}"}
         if body.stream_format == "sse":
             return StreamingResponse(_events(pieces, request_id, len(body.input), service.family.token_frame_rate), media_type="text/event-stream",

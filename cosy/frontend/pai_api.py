@@ -44,7 +44,7 @@ from cosy.frontend.api_routing import add_route, api_router, error_body, sse
 from cosy.frontend.encoding import FORMATS
 from cosy.frontend.reference_audio import PCM_DEFAULT_RATE, ReferenceAudios
 from cosy.frontend.service import FrontendService
-from cosy.frontend.speech_stream import Piece, SpeechRequest, open_speech
+from cosy.frontend.speech_stream import Piece, SpeechRequest, open_speech, until_disconnected
 from cosy.pipeline.request import (LIMIT_RANGE, PCM_RATE_RANGE, SAMPLE_RATE_RANGE, SEED_RANGE, SPEED_RANGE,
                                    VOLUME_RANGE, SynthesisRequest, check_range)
 
@@ -207,7 +207,7 @@ def build_pai_router(service: FrontendService, refs: ReferenceAudios, dependenci
         await run_in_threadpool(refs.delete, reference_audio_id)
         return {"code": "OK", "message": f"reference audio: {reference_audio_id} deleted.", "data": {}}
 
-    async def speech(body: PaiSpeech):
+    async def speech(body: PaiSpeech, request: Request):
         """Synthesize with a reference audio; SSE when `stream` (default), else one JSON answer.
         Options go inside `input` (as published); the top level is still accepted."""
         received, request_id = time.monotonic(), str(uuid.uuid4())
@@ -221,16 +221,24 @@ def build_pai_router(service: FrontendService, refs: ReferenceAudios, dependenci
                                      stream=body.stream)
         req = SpeechRequest(synthesis, "pai", fmt=o["output_format"], sample_rate=o["sample_rate"],
                             bit_rate=o["bit_rate"], volume=o["volume"])
-        pieces = await open_speech(service, refs, req, received)
+        pieces = await open_speech(service, refs, req, received, request)  # a client leaving cancels the job
         headers = {"X-Request-Id": request_id}
         usage = {"characters": len(inp.text)}
         if body.stream:
             return StreamingResponse(_events(pieces, request_id, o["debug"], usage), media_type="text/event-stream",
                                      headers={**headers, "Cache-Control": "no-cache"})
         data, seconds, wait, elapsed = bytearray(), 0.0, 0.0, 0.0
-        async for p in pieces:
-            data += p.data
-            seconds, wait, elapsed = seconds + p.seconds, wait + p.generate_time, p.elapsed
+
+        async def collect() -> None:
+            nonlocal data, seconds, wait, elapsed
+            async for p in pieces:
+                data += p.data
+                seconds, wait, elapsed = seconds + p.seconds, wait + p.generate_time, p.elapsed
+
+        try:
+            await until_disconnected(request, collect())
+        finally:
+            await pieces.aclose()
         m = _metrics(seconds, elapsed, wait) if o["debug"] else None
         return JSONResponse(_answer(request_id, bytes(data), True, m, usage), headers=headers)
 

@@ -10,11 +10,18 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # before gradio is imported: no calls home
+from cosy.frontend import store  # noqa: E402
+
+# gradio's uploads and cache go into this process's temp dir (bounded, removed at exit), unless set by the user
+OWN_GRADIO_TEMP = "GRADIO_TEMP_DIR" not in os.environ
+os.environ.setdefault("GRADIO_TEMP_DIR", str(store.GRADIO_TEMP))
 
 import uvicorn  # noqa: E402
 from fastapi import FastAPI  # noqa: E402
@@ -53,6 +60,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="waiting requests before new ones are refused as busy (default 64)")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None,
                    help="where the workers run the models (default cuda if available, else cpu)")
+    from cosy.lm.remote import DEFAULT_STALL_TIMEOUT
+    p.add_argument("--llm_stall_timeout", type=float, default=DEFAULT_STALL_TIMEOUT,
+                   help="seconds an LM backend may go without sending a token before the request moves to "
+                        f"another backend (nothing generated yet) or fails (default {DEFAULT_STALL_TIMEOUT:g})")
+    up, res = store.DEFAULT_UPLOADS, store.DEFAULT_RESULTS
+    p.add_argument("--uploads_max_age", type=float, default=up.max_age,
+                   help=f"seconds an accepted upload is kept in DATA_DIR/uploads (default {up.max_age:g})")
+    p.add_argument("--uploads_max_mb", type=float, default=up.max_bytes / 2**20,
+                   help=f"total size of DATA_DIR/uploads, oldest pruned first (default {up.max_bytes >> 20})")
+    p.add_argument("--results_max_age", type=float, default=res.max_age,
+                   help=f"seconds a result file (and gradio's temp files) are kept (default {res.max_age:g})")
+    p.add_argument("--results_max_mb", type=float, default=res.max_bytes / 2**20,
+                   help=f"total size of the result files and of gradio's temp files each (default {res.max_bytes >> 20})")
     args = p.parse_args(argv)
     if args.workers < 1 or args.max_queue < 0:
         p.error("--workers must be >= 1 and --max_queue >= 0")
@@ -66,6 +86,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                 setattr(args, dest, read_key_file(path, flag))
             except KeyFileError as e:
                 p.error(str(e))
+    if args.llm_stall_timeout <= 0 or min(args.uploads_max_age, args.uploads_max_mb, args.results_max_age,
+                                          args.results_max_mb) <= 0:
+        p.error("--llm_stall_timeout, --uploads_max_* and --results_max_* must be > 0")
     return args
 
 
@@ -110,14 +133,15 @@ def build_service(args: argparse.Namespace) -> FrontendService:
     from cosy.deploy.data_dir import DataDir
     from cosy.deploy.models import resolve_model_dir, resolve_ttsfrd_dir
 
-    data = DataDir(args.data_dir)
+    data = DataDir(args.data_dir, upload_bounds=store.Bounds.of(args.uploads_max_age, args.uploads_max_mb))
     model_dir = resolve_model_dir(args.model_dir, data.models_root)
     ttsfrd = resolve_ttsfrd_dir(args.ttsfrd_dir, data.models_root)
     device = args.device or default_device()
     lm = f"LM backends {args.llm_base_url}" if args.llm_base_url else "embedded LM"
     say(f"starting {args.workers} worker(s) on {device}: {model_dir}, {lm}")
     spec = EngineSpec(str(model_dir), device=device, ttsfrd_dir=str(ttsfrd) if ttsfrd else None,
-                      llm_base_url=args.llm_base_url, llm_api_key=args.llm_api_key)
+                      llm_base_url=args.llm_base_url, llm_api_key=args.llm_api_key,
+                      llm_stall_timeout=args.llm_stall_timeout)
     pool = WorkerPool(spec, workers=args.workers, max_queue=args.max_queue).start()
     return FrontendService(pool, data)
 
@@ -165,15 +189,20 @@ def build_app(service: FrontendService, workers: int, max_queue: int,
 
 def readiness(service: FrontendService, llm_base_url: str | None,
               llm_api_key: str | None) -> Callable[[], tuple[bool, str]]:
-    """/ready: the workers run and (with backends) at least one LM backend answers with our llm.pt."""
+    """/ready: the workers run and (with backends) at least one LM backend is usable: not marked dead in
+    the table the workers' backend pools share (`WorkerPool.backend_health`), and answering with our
+    llm.pt. A backend this check cannot reach is marked dead there too, so the pools skip it: /ready and
+    the pools agree."""
     from cosy.lm.export import llm_fingerprint, served_model_name
-    from cosy.lm.remote import BackendError, RemoteLM
+    from cosy.lm.remote import BackendError, BackendUnavailable, RemoteLM
 
     urls = [u.strip() for u in (llm_base_url or "").split(",") if u.strip()]
     family = service.family
     name = served_model_name(llm_fingerprint(service.pool.spec.model_dir), family) if urls else ""
-    backends = [RemoteLM(u, llm_api_key, name, connect_timeout=2.0, read_timeout=5.0, retries=0, family=family)
+    backends = [RemoteLM(u, llm_api_key, name, connect_timeout=2.0, read_timeout=2.0, retries=0, family=family)
                 for u in urls]
+    health = getattr(service.pool, "backend_health", None)
+    cooldown = 10.0  # BackendPool's
 
     lens: dict[str, int] = {}
 
@@ -189,12 +218,17 @@ def readiness(service: FrontendService, llm_base_url: str | None,
         if not service.pool.alive():
             return False, "synthesis workers are not running"
         errors = []
-        for b in backends:
+        for i, b in enumerate(backends):
+            if health is not None and health[i] > time.monotonic():
+                errors.append(f"{b.base_url} failed recently (stalled or unreachable)")
+                continue
             try:
                 b.check()
                 learn_max_len(b)
                 return True, "ready"
             except BackendError as e:
+                if health is not None and isinstance(e, BackendUnavailable):
+                    health[i] = time.monotonic() + cooldown
                 errors.append(str(e))
         return (False, "; ".join(errors)) if errors else (True, "ready")
 
@@ -218,19 +252,38 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     if args.enable_mps:
         enable_mps()  # before any worker touches CUDA
+    from cosy.frontend import gradio_api
+    gradio_api.RESULT_BOUNDS = store.Bounds.of(args.results_max_age, args.results_max_mb)
+    service = None
     try:
-        service = build_service(args)
-    except (RuntimeError, ValueError, OSError) as e:  # ModelDirError is a ValueError
-        print(f"error: {e}", file=sys.stderr, flush=True)
-        raise SystemExit(2) from None
-    try:
+        try:
+            service = build_service(args)
+        except (RuntimeError, ValueError, OSError) as e:  # ModelDirError is a ValueError
+            print(f"error: {e}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
+        stores = [(service.data.uploads, service.data.upload_bounds), (store.RESULTS, gradio_api.RESULT_BOUNDS)]
+        if OWN_GRADIO_TEMP:
+            stores.append((store.GRADIO_TEMP, gradio_api.RESULT_BOUNDS))
+        pruner = store.Pruner(stores).start()
         from cosy.frontend import http_api
         ready = readiness(service, args.llm_base_url, args.llm_api_key)
         say(f"the LM takes {service.lm_max_len or 'an unknown number of'} tokens per request (text and "
             "transcript lengths are checked against it)")
         app = build_app(service, args.workers, args.max_queue,
                         extensions=[lambda app: http_api.install(app, service, api_key=args.api_key, ready=ready)])
+        # uvicorn handles SIGINT/SIGTERM: stop accepting, end open requests (5 s), then return here and
+        # re-raise the signal to the handler that was there before: for SIGTERM, ours (no-op), so that the
+        # clean-up below runs instead of the default action killing the process
+        signal.signal(signal.SIGTERM, lambda *_: None)
         _Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
                                timeout_graceful_shutdown=5)).run()
+        pruner.stop()
+    except KeyboardInterrupt:  # a second Ctrl-C, or one during start-up
+        pass
     finally:
-        service.pool.close()
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the clean-up below is not to be interrupted
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if service is not None:
+            service.pool.close()
+        store.remove_temp_root()
+        say("stopped")

@@ -6,6 +6,7 @@ the surface; failures are `cosy.errors.CosyError`s whose `status` the surface an
 """
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -78,13 +79,15 @@ class FrontendService:
             raise SynthesisError(str(e).replace("prompt_text", name)) from None
         return prompt_text
 
-    def stream(self, req: SynthesisRequest, surface: str, received: float | None = None) -> Iterator[np.ndarray]:
-        """Audio chunks (float32, `sample_rate`) as the workers make them; metrics under (surface, mode)."""
+    def stream(self, req: SynthesisRequest, surface: str, received: float | None = None,
+               cancelled: threading.Event | None = None) -> Iterator[np.ndarray]:
+        """Audio chunks (float32, `sample_rate`) as the workers make them; metrics under (surface, mode).
+        Setting `cancelled` (from any thread) cancels the job at once, even while it waits in the queue."""
         received = time.monotonic() if received is None else received
         m, labels = self.metrics, (surface, req.mode)
         seconds, chunks = 0.0, 0
         try:
-            for chunk in self.pool.synthesize(self.resolve(req)):
+            for chunk in self.pool.synthesize(self.resolve(req), cancelled):
                 if not chunks:
                     m.first_packet.labels(*labels).observe(time.monotonic() - received)
                 chunks += 1

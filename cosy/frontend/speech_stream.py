@@ -5,7 +5,9 @@ per request, not in the event loop nor in its small thread pool: a frontend may 
 as its queue admits, and past that the queue answers 429 at once. The first piece is awaited before any
 HTTP answer is started (`open_speech`), so a full queue, an unknown voice or a bad setting is a proper
 4xx/5xx JSON error; a failure after audio went out ends the stream (SSE: with an error event).
-A client that goes away closes the iterator, which cancels its job in the pool.
+A client that goes away cancels its job in the pool at once, wherever it is (waiting in the queue, in the
+LM, in flow/HiFT): Starlette cancels a streaming body whose client left, and `until_disconnected` watches
+the client while a route still awaits (the first piece, or a whole non-streaming answer).
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cosy.errors import CosyError
 from cosy.frontend.audio_out import OutputAudio
 from cosy.frontend.encoding import make_encoder
 from cosy.frontend.reference_audio import ReferenceAudios
@@ -51,12 +54,12 @@ class Piece:
 
 
 def _pieces(service: FrontendService, refs: ReferenceAudios, req: SpeechRequest,
-            received: float) -> Iterator[Piece]:
-    """The blocking pipeline; raises CosyError."""
+            received: float, cancelled: threading.Event | None = None) -> Iterator[Piece]:
+    """The blocking pipeline; raises CosyError. Setting `cancelled` cancels the job at once."""
     encoder = make_encoder(req.fmt, req.sample_rate, bit_rate=req.bit_rate, streaming=req.synthesis.stream)
     try:
         refs.get(req.synthesis.voice_id)  # 400/404 in the API's words
-        chunks = service.stream(req.synthesis, req.surface, received)
+        chunks = service.stream(req.synthesis, req.surface, received, cancelled)
         out = OutputAudio(service.sample_rate, req.sample_rate, req.volume)
         hold, held = max(1, round(HOLD_SECONDS * req.sample_rate)), np.zeros(0, np.float32)
         try:
@@ -78,8 +81,9 @@ def _pieces(service: FrontendService, refs: ReferenceAudios, req: SpeechRequest,
         encoder.close()
 
 
-async def _in_thread(make: Callable[[], Iterator]) -> AsyncIterator:
-    """Iterate a blocking iterator in a dedicated thread; closing this stops it after its current item."""
+async def _in_thread(make: Callable[[threading.Event], Iterator]) -> AsyncIterator:
+    """Iterate a blocking iterator in a dedicated thread; closing this sets the event `make` was given
+    (which cancels the job behind the iterator) and stops the thread after its current item."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue()
     stop = threading.Event()
@@ -93,7 +97,7 @@ async def _in_thread(make: Callable[[], Iterator]) -> AsyncIterator:
     def run() -> None:
         it = None
         try:
-            it = make()
+            it = make(stop)
             for item in it:
                 if stop.is_set():
                     break
@@ -120,12 +124,13 @@ async def _in_thread(make: Callable[[], Iterator]) -> AsyncIterator:
 
 
 async def open_speech(service: FrontendService, refs: ReferenceAudios, req: SpeechRequest,
-                      received: float) -> AsyncIterator[Piece]:
+                      received: float, request=None) -> AsyncIterator[Piece]:
     """Start a request and wait for its first piece (CosyError before any audio); then iterate them all.
-    The service records the synthesis metrics."""
-    pieces = _in_thread(lambda: _pieces(service, refs, req, received))
+    The service records the synthesis metrics. With `request` (Starlette's), a client that disconnects
+    while this waits (queued, or in the LM) cancels the job at once (`ClientGone`)."""
+    pieces = _in_thread(lambda stop: _pieces(service, refs, req, received, stop))
     try:
-        first = await pieces.__anext__()
+        first = await until_disconnected(request, pieces.__anext__())
     except BaseException:
         await pieces.aclose()
         raise
@@ -137,8 +142,46 @@ async def open_speech(service: FrontendService, refs: ReferenceAudios, req: Spee
                 yield piece
                 if piece.last:
                     return
-                piece = await pieces.__anext__()
+                # watched here too: a body that waits for its next piece notices a client that left
+                piece = await until_disconnected(request, pieces.__anext__())
         finally:
             await pieces.aclose()
 
     return all_pieces()
+
+
+class ClientGone(CosyError):
+    """The client disconnected before its answer was ready; its job was cancelled (499, as nginx logs it)."""
+
+    status = 499
+
+
+async def _disconnected(request) -> None:
+    """Returns when the client of `request` (a Starlette Request whose body was read) has disconnected."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def until_disconnected(request, awaitable):
+    """Await `awaitable`, unless the client disconnects first: then it is cancelled (closing the pieces
+    cancels the job, queued or running) and `ClientGone` is raised. Without a request: just await it."""
+    if request is None:
+        return await awaitable
+    work = asyncio.ensure_future(awaitable)
+    watch = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+        if work.done():
+            return work.result()
+        work.cancel()
+        try:
+            await work
+        except BaseException:
+            pass
+        raise ClientGone("the client disconnected; its request was cancelled")
+    finally:
+        watch.cancel()
+        if not work.done():
+            work.cancel()

@@ -15,7 +15,7 @@ import numpy as np
 
 from cosy.errors import BadRequest
 from cosy.frontend.encoding import wav_bytes
-from cosy.frontend.gradio_api import stored_upload, user_errors, wav_file
+from cosy.frontend.gradio_api import refused_uploads_removed, stored_upload, user_errors, wav_file
 from cosy.frontend.service import FrontendService
 from cosy.pipeline.request import SPEED_RANGE, SynthesisRequest, as_number
 
@@ -48,14 +48,14 @@ def _voice_ids(service: FrontendService) -> list[str]:
 
 def _request(service: FrontendService, mode: str, text: str, prompt_wav: str | None, prompt_text: str,
              instruct_text: str, voice_id: str | None, seed: float | None, speed: float,
-             stream: bool) -> SynthesisRequest:
+             stream: bool, track=None) -> SynthesisRequest:
     """The request for the UI's current values (only the fields the mode uses)."""
     req = SynthesisRequest(mode=mode, text=text, seed=as_number(seed, "seed", int), speed=as_number(speed, "speed"),
                            stream=stream)
     if mode == "voice":
         req.voice_id = voice_id
         return req
-    req.prompt_wav = stored_upload(service, prompt_wav)
+    req.prompt_wav = stored_upload(service, prompt_wav, track=track)
     if mode == "zero_shot":
         req.prompt_text = prompt_text
     elif mode == "instruct":
@@ -71,9 +71,9 @@ def _generate(service: FrontendService):
         sr = service.sample_rate
         yield gr.skip(), gr.skip(), gr.skip(), "合成中 Synthesizing…"
         try:
-            with user_errors():
+            with user_errors(), refused_uploads_removed() as track:
                 req = _request(service, mode, text, prompt_wav, prompt_text, instruct_text, voice_id, seed, speed,
-                               bool(stream))
+                               bool(stream), track)
                 progress((0, None), desc="合成中 Synthesizing")
                 for chunk in service.stream(req, "webui"):
                     chunks.append(chunk)
@@ -97,8 +97,9 @@ def _save_voice(service: FrontendService):
     def save(voice_id, prompt_text, prompt_wav):
         yield gr.skip(), "保存中 Saving…"
         try:
-            with user_errors():
-                v = service.save_voice((voice_id or "").strip(), prompt_text, stored_upload(service, prompt_wav))
+            with user_errors(), refused_uploads_removed() as track:
+                v = service.save_voice((voice_id or "").strip(), prompt_text,
+                                       stored_upload(service, prompt_wav, track=track))
         except gr.Error as e:
             yield gr.skip(), f"出错 Error: {e.message}"
             raise

@@ -2,7 +2,12 @@
 
 A backend that cannot be reached is skipped and tried again after a cool-down; a request that failed
 before its first token moves on to the next backend. Once tokens have streamed, a failure is the
-request's error (restarting it elsewhere would repeat audio).
+request's error (restarting it elsewhere would repeat audio). A backend that sends no token for
+`stall_timeout` seconds counts as failed the same way (frozen: alive but not answering).
+
+The dead-until table can live in shared memory (`configure(shared_health=...)`: a `multiprocessing.Array`
+of doubles, one per backend, in `time.monotonic()` seconds), so that every worker process and the
+frontend's `/ready` agree on which backends are usable.
 """
 from __future__ import annotations
 
@@ -17,6 +22,19 @@ from cosy.lm.sampling import SamplingParams
 from cosy.model.family import ModelFamily
 
 
+class _SharedDeadUntil:
+    """`dead_until[id(backend)]` backed by a shared array (index = the backend's place in the pool)."""
+
+    def __init__(self, array, backends: list[RemoteLM]):
+        self.array, self.index = array, {id(b): i for i, b in enumerate(backends)}
+
+    def __getitem__(self, key: int) -> float:
+        return self.array[self.index[key]]
+
+    def __setitem__(self, key: int, value: float) -> None:
+        self.array[self.index[key]] = value
+
+
 class BackendPool:
     def __init__(self, backends: list[RemoteLM], cooldown: float = 10.0):
         if not backends:
@@ -26,6 +44,20 @@ class BackendPool:
         self.dead_until = {id(b): 0.0 for b in backends}
         self.errors: dict[int, str] = {}
         self._lock = threading.Lock()
+
+    def configure(self, stall_timeout: float | None = None, shared_health=None) -> None:
+        """Set every backend's stall timeout; keep the dead-until table in `shared_health` (one double
+        per backend, in order; see the module doc)."""
+        if stall_timeout is not None:
+            for b in self.backends:
+                b.stall_timeout = stall_timeout
+        if shared_health is not None:
+            if len(shared_health) != len(self.backends):
+                raise ValueError("shared_health needs one entry per backend")
+            view = _SharedDeadUntil(shared_health, self.backends)
+            for b in self.backends:
+                view[id(b)] = max(view[id(b)], self.dead_until[id(b)])
+            self.dead_until = view
 
     @property
     def sampling(self) -> SamplingParams:

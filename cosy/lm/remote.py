@@ -4,6 +4,10 @@
 `torch.save` of an (L, H) tensor, vLLM's `prompt_embeds`), token ids stream back one per chunk, and the
 backend's RAS logits processor (cosy.vllm_plugin.ras) samples from the same distribution as the
 in-process sampler, seeded per request. Errors say what is wrong and how to fix it.
+
+A generation stream that brings no token for `stall_timeout` seconds (the backend is alive but frozen, or
+hopelessly overloaded) fails at once: `BackendUnavailable` before the first token (another backend may
+take the request), `BackendError` after; it is not retried on the same backend.
 """
 from __future__ import annotations
 
@@ -22,6 +26,8 @@ from cosy.errors import Unavailable
 from cosy.lm.sampling import SamplingParams
 from cosy.model.family import ModelFamily
 from cosy.model.families.cosyvoice2 import FAMILY as COSYVOICE2
+
+DEFAULT_STALL_TIMEOUT = 5.0  # seconds without a token; app.py's --llm_stall_timeout
 
 
 class BackendError(Unavailable, RuntimeError):
@@ -59,14 +65,16 @@ class RemoteLM:
 
     def __init__(self, base_url: str, api_key: str | None, model: str, sampling: SamplingParams | None = None,
                  connect_timeout: float = 5.0, read_timeout: float = 120.0, retries: int = 2,
-                 family: ModelFamily | None = None):
-        """family: of the frontend's model directory (its token ids); None stands for CosyVoice2."""
+                 family: ModelFamily | None = None, stall_timeout: float = DEFAULT_STALL_TIMEOUT):
+        """family: of the frontend's model directory (its token ids); None stands for CosyVoice2.
+        stall_timeout: the longest wait for the answer's start and for each next token of a generation."""
         self.base_url = base_url.rstrip("/")
         self.model = model  # the served model name, <family prefix>-<llm.pt fingerprint>
         self.sampling = sampling or SamplingParams()
         self.family = family or COSYVOICE2
         self.tokens = self.family.tokens
         self.retries = retries
+        self.connect_timeout, self.stall_timeout = connect_timeout, stall_timeout
         self.client = openai.OpenAI(base_url=self.base_url, api_key=api_key or "none", max_retries=0,
                                     timeout=httpx.Timeout(read_timeout, connect=connect_timeout))
 
@@ -99,6 +107,7 @@ class RemoteLM:
         return self.client.completions.create(
             model=self.model, prompt=None, max_tokens=int(max_len), temperature=0.0 if p.greedy else 1.0,
             top_p=1.0, stream=True, seed=int(seed),
+            timeout=httpx.Timeout(self.stall_timeout, connect=self.connect_timeout),  # per read: between tokens
             extra_body={"prompt_embeds": encode_prompt_embeds(prompt_embeds), "return_token_ids": True,
                         "stop_token_ids": stop, "ignore_eos": p.ignore_stop, "top_k": -1, "vllm_xargs": xargs})
 
@@ -116,12 +125,18 @@ class RemoteLM:
                                    f"{_wrong_url_hint(self.base_url)}") from None
             except openai.BadRequestError as e:
                 raise BackendError(f"the LM backend at {self.base_url} rejected the request: {e.message}") from None
-            except (openai.APIConnectionError, openai.APITimeoutError, openai.InternalServerError) as e:
+            except openai.APITimeoutError:  # frozen or overloaded: waiting again here would only add stalls
+                raise BackendUnavailable(self._stalled(0)) from None
+            except (openai.APIConnectionError, openai.InternalServerError) as e:
                 if attempt == self.retries:
                     raise BackendUnavailable(f"cannot reach the LM backend at {self.base_url} ({e})") from None
                 time.sleep(delay)
                 delay *= 2
         raise AssertionError("unreachable")
+
+    def _stalled(self, produced: int) -> str:
+        return (f"the LM backend at {self.base_url} stalled: no token for {self.stall_timeout:g} s after "
+                f"{produced} tokens (--llm_stall_timeout); the request was not completed")
 
     def generate(self, prompt_embeds: Tensor, min_len: int, max_len: int, seed: int | None = None,
                  params: SamplingParams | None = None) -> Iterator[int]:
@@ -150,6 +165,8 @@ class RemoteLM:
                 error = BackendUnavailable if produced == 0 else BackendError
                 raise error(f"the LM backend at {self.base_url} failed after {produced} tokens (the stream "
                             f"ended with finish_reason {finish!r}); the request was not completed")
+        except (openai.APITimeoutError, httpx.TimeoutException):
+            raise (BackendUnavailable if produced == 0 else BackendError)(self._stalled(produced)) from None
         except (openai.APIError, httpx.HTTPError) as e:
             if produced == 0:
                 raise BackendUnavailable(f"the LM backend at {self.base_url} failed before the first token ({e})") \

@@ -4,7 +4,9 @@ Each worker process holds its own `Engine` (text frontend, prompt encoder, flow,
 LM or a client of the LM backends), so `--workers N` serves N requests at once. Jobs wait in one FIFO
 queue; a free worker takes the oldest. Past `max_queue` waiting jobs, `submit` refuses at once with
 `QueueFull` (the HTTP layer answers 429 with Retry-After) instead of letting callers hang. A caller that
-goes away cancels its job; the worker stops after the current chunk (a remote LM request is aborted).
+goes away cancels its job wherever it is: a waiting job leaves the queue at once (it no longer counts in
+`waiting`), a running one stops at its next LM token or audio chunk (a remote LM request is aborted); the
+worker learns it through a shared event, not only through its pipe, so it stops even inside the LM.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import logging
 import multiprocessing as mp
 import os
 import queue
+import signal
 import threading
 import time
 from collections import deque
@@ -21,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from cosy.errors import Busy, JobError
+from cosy.errors import Busy, CosyError, JobError
 from cosy.pipeline.request import SynthesisRequest
 from cosy.prompt.encoder import PromptFeatures
 
@@ -34,6 +37,12 @@ class QueueFull(Busy):
                          retry_after=retry_after)
 
 
+class Cancelled(CosyError):
+    """The caller went away (or cancelled): the job was dropped; 499 as nginx says "client closed request"."""
+
+    status = 499
+
+
 @dataclass
 class EngineSpec:
     """How a worker builds its Engine (picklable: it crosses into the worker process)."""
@@ -44,6 +53,7 @@ class EngineSpec:
     llm_base_url: str | None = None
     llm_api_key: str | None = None
     threads: int | None = None
+    llm_stall_timeout: float | None = None  # seconds without an LM token before the backend counts as stalled
 
 
 @dataclass
@@ -56,10 +66,44 @@ class Job:
     submitted: float = field(default_factory=time.monotonic)
 
 
-def _worker_main(spec: EngineSpec, conn) -> None:
-    """Worker process: build the engine, then run one job at a time from the dispatcher."""
+class _CancellableLM:
+    """The engine's LM, checking the worker's cancel event between tokens (so a cancelled job stops inside
+    the LM, not only at its next audio chunk); closing the token stream aborts a remote request."""
+
+    def __init__(self, lm, cancel):
+        self.lm, self.cancel = lm, cancel
+
+    def __getattr__(self, name):
+        return getattr(self.lm, name)
+
+    def generate(self, *args, **kwargs):
+        tokens = self.lm.generate(*args, **kwargs)
+        try:
+            for token in tokens:
+                if self.cancel.is_set():
+                    raise Cancelled("cancelled")
+                yield token
+        finally:
+            tokens.close()
+
+
+def _worker_main(spec: EngineSpec, conn, cancel=None, health=None) -> None:
+    """Worker process: build the engine, then run one job at a time from the dispatcher.
+
+    `cancel`: an event the dispatcher sets when the running job's caller went away; `health`: the shared
+    dead-until table of the LM backends (the parent's /ready reads and writes it too). The worker ignores
+    SIGINT (Ctrl-C is the parent's to handle) and ends quietly when its pipe closes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        _serve(spec, conn, cancel, health)
+    except (EOFError, OSError, KeyboardInterrupt):  # the parent went away or closed us: nothing to report
+        pass
+
+
+def _serve(spec: EngineSpec, conn, cancel, health) -> None:
     import torch
 
+    from cosy.lm.pool import BackendPool
     from cosy.pipeline.engine import Engine
 
     torch.set_num_threads(spec.threads or max(1, (os.cpu_count() or 1)))
@@ -69,6 +113,10 @@ def _worker_main(spec: EngineSpec, conn) -> None:
     except Exception as e:  # reported to the parent, which refuses to start
         conn.send(("failed", f"{type(e).__name__}: {e}"))
         return
+    if isinstance(engine.lm, BackendPool):
+        engine.lm.configure(stall_timeout=spec.llm_stall_timeout, shared_health=health)
+    if cancel is not None:
+        engine.lm = _CancellableLM(engine.lm, cancel)
     conn.send(("ready", engine.sample_rate))
     while (msg := conn.recv()) is not None:
         if msg[0] == "cancel":  # for a job that has finished meanwhile
@@ -79,12 +127,18 @@ def _worker_main(spec: EngineSpec, conn) -> None:
                 conn.send(("result", job_id, engine.prompt_features(payload["source"]).to_arrays()))
             else:
                 chunks = engine.synthesize(SynthesisRequest.from_wire(payload))
-                for chunk in chunks:
-                    conn.send(("chunk", job_id, chunk.numpy()))
-                    if conn.poll() and conn.recv() == ("cancel", job_id):
-                        chunks.close()
-                        break
+                try:
+                    for chunk in chunks:
+                        if cancel is not None and cancel.is_set():
+                            break
+                        conn.send(("chunk", job_id, chunk.numpy()))
+                        if conn.poll() and conn.recv() == ("cancel", job_id):
+                            break
+                finally:
+                    chunks.close()
             conn.send(("done", job_id, None))
+        except Cancelled:
+            conn.send(("done", job_id, None))  # nobody listens any more
         except Exception as e:
             log.debug("job %s failed", job_id, exc_info=True)
             conn.send(("error", job_id, JobError.wire(e)))
@@ -105,38 +159,49 @@ class WorkerPool:
         self._job_seconds = 5.0  # running estimate for Retry-After
         self._threads: list[threading.Thread] = []
         self._procs: list[mp.Process] = []
+        self._conns: list = []
         self._closing = False
+        self._ctx = mp.get_context("spawn")
+        urls = [u for u in (spec.llm_base_url or "").split(",") if u.strip()]
+        # dead-until (time.monotonic(), system-wide) per LM backend, shared by every worker's BackendPool
+        # and this process's /ready, so that both agree on which backends are usable
+        self.backend_health = self._ctx.Array("d", len(urls)) if urls else None
 
     def start(self) -> "WorkerPool":
         """Start every worker and wait until each has loaded its models; RuntimeError if one fails."""
-        ctx = mp.get_context("spawn")
+        ctx = self._ctx
         conns = []
         for _ in range(self.n_workers):
             conns.append(self._spawn(ctx))
-        for i, conn in enumerate(conns):
-            t = threading.Thread(target=self._dispatch, args=(i, conn, ctx), daemon=True, name=f"worker-{i}")
+        for i, (conn, cancel) in enumerate(conns):
+            t = threading.Thread(target=self._dispatch, args=(i, conn, cancel, ctx), daemon=True, name=f"worker-{i}")
             self._threads.append(t)
             t.start()
         return self
 
     def _spawn(self, ctx):
         parent, child = ctx.Pipe()
+        cancel = ctx.Event()
         spec = self.spec
         if spec.threads is None:  # share the cores between the workers
             spec = EngineSpec(**{**vars(spec), "threads": max(1, (os.cpu_count() or 1) // self.n_workers)})
-        proc = ctx.Process(target=_worker_main, args=(spec, child), daemon=True)
+        proc = ctx.Process(target=_worker_main, args=(spec, child, cancel, self.backend_health), daemon=True)
         proc.start()
         child.close()
         if not parent.poll(self.start_timeout):
             raise RuntimeError("a synthesis worker did not start in time")
-        status, info = parent.recv()
+        try:
+            status, info = parent.recv()
+        except EOFError:
+            raise RuntimeError("a synthesis worker exited while starting") from None
         if status != "ready":
             raise RuntimeError(f"a synthesis worker failed to start: {info}")
         self.sample_rate = info
         self._procs.append(proc)
-        return parent
+        self._conns.append(parent)
+        return parent, cancel
 
-    def _dispatch(self, index: int, conn, ctx) -> None:
+    def _dispatch(self, index: int, conn, cancel, ctx) -> None:
         """One thread per worker: hand it the oldest waiting job, relay its messages back."""
         while True:
             with self._ready:
@@ -145,43 +210,55 @@ class WorkerPool:
                 if self._closing:
                     return
                 job = self._waiting.popleft()
-            if job.cancelled.is_set():
-                continue
-            with self._lock:
-                self._busy += 1
+                if job.cancelled.is_set():
+                    continue
+                with self._lock:  # counted busy before it stops counting as waiting: no gap in the metrics
+                    self._busy += 1
             start = time.monotonic()
             try:
+                cancel.clear()
                 conn.send((job.id, job.kind, job.payload))
-                self._relay(job, conn)
+                self._relay(job, conn, cancel)
             except (EOFError, OSError):
                 job.out.put(("error", ("WorkerCrashed", "the synthesis worker stopped unexpectedly; retry", 503, None)))
                 if self._closing:
                     return
                 log.error("worker %d died; restarting it", index)
-                conn = self._spawn(ctx)
+                try:
+                    conn, cancel = self._spawn(ctx)
+                except RuntimeError:
+                    log.exception("worker %d could not be restarted", index)
+                    return
             finally:
                 with self._lock:
                     self._busy -= 1
                     self._job_seconds = 0.8 * self._job_seconds + 0.2 * (time.monotonic() - start)
 
-    def _relay(self, job: Job, conn) -> None:
+    def _relay(self, job: Job, conn, cancel) -> None:
         cancel_sent = False
         while True:
             if job.cancelled.is_set() and not cancel_sent:
+                cancel.set()  # seen by the worker inside the LM, between tokens
                 conn.send(("cancel", job.id))
                 cancel_sent = True
             if not conn.poll(0.05):
+                if self._closing:
+                    raise EOFError
                 continue
             kind, job_id, data = conn.recv()
             if job_id != job.id:
                 continue
-            job.out.put((kind, data))
+            if not cancel_sent:
+                job.out.put((kind, data))
             if kind in ("done", "error"):
                 return
 
-    def submit(self, kind: str, payload: dict) -> Job:
-        """Queue a job; QueueFull at once when `max_queue` jobs already wait."""
+    def submit(self, kind: str, payload: dict, cancelled: threading.Event | None = None) -> Job:
+        """Queue a job; QueueFull at once when `max_queue` jobs already wait. `cancelled`: the caller's own
+        event (set it to cancel the job; `cancel(job)` does that and frees the queue place at once)."""
         job = Job(next(self._ids), kind, payload)
+        if cancelled is not None:
+            job.cancelled = cancelled
         with self._ready:
             live = [j for j in self._waiting if not j.cancelled.is_set()]
             self._waiting = deque(live)
@@ -191,27 +268,46 @@ class WorkerPool:
             self._ready.notify()
         return job
 
+    def cancel(self, job: Job) -> None:
+        """The caller went away: a waiting job leaves the queue now, a running one is stopped by its worker."""
+        job.cancelled.set()
+        with self._ready:
+            try:
+                self._waiting.remove(job)
+            except ValueError:
+                pass  # running or finished
+
     def _results(self, job: Job) -> Iterator[tuple[str, object]]:
+        finished = False
         try:
             while True:
-                kind, data = job.out.get()
+                try:
+                    kind, data = job.out.get(timeout=0.1)
+                except queue.Empty:
+                    if job.cancelled.is_set():  # cancelled by its caller (from another thread)
+                        raise Cancelled("the request was cancelled") from None
+                    continue
+                if kind in ("done", "error"):
+                    finished = True
                 if kind == "error":
                     raise JobError(*data)
                 if kind == "done":
                     return
                 yield kind, data
         finally:
-            job.cancelled.set()  # no-op when finished; stops the worker when the caller went away
+            if not finished:  # the caller went away: out of the queue now, or stopped by its worker
+                self.cancel(job)
 
-    def synthesize(self, request: SynthesisRequest) -> Iterator[np.ndarray]:
-        """Queue a synthesis; yield (N,) float32 chunks at `sample_rate` (QueueFull at once when full)."""
-        job = self.submit("synthesize", request.to_wire())
+    def synthesize(self, request: SynthesisRequest, cancelled: threading.Event | None = None) -> Iterator[np.ndarray]:
+        """Queue a synthesis; yield (N,) float32 chunks at `sample_rate` (QueueFull at once when full).
+        Closing the iterator, or setting `cancelled`, cancels the job (`Cancelled` is raised to a reader)."""
+        job = self.submit("synthesize", request.to_wire(), cancelled)
         for _, chunk in self._results(job):
             yield chunk
 
-    def prompt_features(self, source: str) -> PromptFeatures:
+    def prompt_features(self, source: str, cancelled: threading.Event | None = None) -> PromptFeatures:
         """Prompt audio file -> PromptFeatures, computed in a worker (the ONNX models live there)."""
-        for _, arrays in self._results(self.submit("features", {"source": str(source)})):
+        for _, arrays in self._results(self.submit("features", {"source": str(source)}, cancelled)):
             return PromptFeatures.from_arrays(arrays)
         raise JobError("WorkerCrashed", "no result", 503)
 
@@ -220,17 +316,40 @@ class WorkerPool:
         return bool(self._procs) and all(p.is_alive() for p in self._procs[-self.n_workers:])
 
     def stats(self) -> dict:
-        with self._lock:
-            busy = self._busy
         with self._ready:
             waiting = sum(not j.cancelled.is_set() for j in self._waiting)
+            with self._lock:
+                busy = self._busy
         return {"workers": self.n_workers, "busy": busy, "waiting": waiting}
 
-    def close(self) -> None:
+    def close(self, grace: float = 3.0) -> None:
+        """Stop the workers: ask each to exit (closing its pipe), terminate those still running after
+        `grace` s, kill the rest. Waiting jobs end with an error. Safe to call twice."""
         with self._ready:
+            if self._closing and not self._procs:
+                return
             self._closing = True
+            waiting, self._waiting = list(self._waiting), deque()
             self._ready.notify_all()
+        for job in waiting:
+            job.out.put(("error", ("ShuttingDown", "the server is shutting down; retry", 503, None)))
+        for conn in self._conns:
+            try:
+                conn.send(None)
+            except (OSError, ValueError):
+                pass
+        deadline = time.monotonic() + grace
         for p in self._procs:
-            p.terminate()
+            p.join(timeout=max(0.0, deadline - time.monotonic()))
         for p in self._procs:
-            p.join(timeout=10)
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=2)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=2)
+        for t in self._threads:
+            t.join(timeout=1)
+        for conn in self._conns:
+            conn.close()
+        self._procs, self._conns = [], []

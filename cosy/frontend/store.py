@@ -1,0 +1,110 @@
+"""Bounded, pruned file stores of a frontend: nothing it writes grows without limit or outlives it.
+
+* `DATA_DIR/uploads/`: accepted prompt uploads (content-addressed); pruned by age and total size
+  (`--uploads_max_age`, `--uploads_max_mb`). Refused uploads are deleted at once (gradio_api).
+* the per-process temp dir `TEMP_ROOT` (`$TMPDIR/cosy-frontend-<pid>`): `results/` (the gradio result wavs)
+  and `gradio/` (gradio's own upload and cache dir, `GRADIO_TEMP_DIR`, unless set by the user); pruned by
+  `--results_max_age`, `--results_max_mb`, and removed as a whole when the process exits.
+
+Pruning removes files older than `max_age`, then the oldest until the total is at most `max_bytes`; it runs
+after every write into a store and every `interval` seconds in a background thread (`Pruner`).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+TEMP_ROOT = Path(tempfile.gettempdir()) / f"cosy-frontend-{os.getpid()}"
+RESULTS = TEMP_ROOT / "results"
+GRADIO_TEMP = TEMP_ROOT / "gradio"
+
+
+@dataclass(frozen=True)
+class Bounds:
+    max_age: float  # seconds
+    max_bytes: int
+
+    @classmethod
+    def of(cls, max_age: float, max_mb: float) -> "Bounds":
+        return cls(float(max_age), int(max_mb * 2**20))
+
+
+DEFAULT_UPLOADS = Bounds.of(3600, 1024)  # --uploads_max_age, --uploads_max_mb
+DEFAULT_RESULTS = Bounds.of(600, 512)  # --results_max_age, --results_max_mb
+
+
+def _files(root: Path) -> list[tuple[float, int, Path]]:
+    out = []
+    for dirpath, _, names in os.walk(root):
+        for n in names:
+            p = Path(dirpath, n)
+            try:
+                st = p.stat()
+            except OSError:
+                continue  # removed meanwhile
+            out.append((st.st_mtime, st.st_size, p))
+    return out
+
+
+def size(root: Path) -> int:
+    return sum(s for _, s, _ in _files(root)) if root.is_dir() else 0
+
+
+def prune(root: Path, bounds: Bounds, keep: Path | None = None) -> int:
+    """Remove files under `root` older than the bounds' age, then the oldest until the total fits (never
+    `keep`: the file just written); empty subdirectories go too. The number of bytes left."""
+    if not root.is_dir():
+        return 0
+    now, left = time.time(), []
+    for mtime, sz, p in _files(root):
+        if now - mtime > bounds.max_age and p != keep:
+            p.unlink(missing_ok=True)
+        else:
+            left.append((mtime, sz, p))
+    total = sum(sz for _, sz, _ in left)
+    for mtime, sz, p in sorted(left, key=lambda t: t[0]):
+        if total <= bounds.max_bytes:
+            break
+        if p != keep:
+            p.unlink(missing_ok=True)
+            total -= sz
+    for dirpath, dirs, names in os.walk(root, topdown=False):
+        if Path(dirpath) != root and not dirs and not names:
+            try:
+                os.rmdir(dirpath)
+            except OSError:
+                pass  # a file arrived meanwhile
+    return total
+
+
+class Pruner:
+    """Prunes (root, bounds) pairs every `interval` seconds until `stop()`."""
+
+    def __init__(self, stores: list[tuple[Path, Bounds]], interval: float = 30.0):
+        self.stores, self.interval = stores, interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="store-pruner")
+
+    def start(self) -> "Pruner":
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            for root, bounds in self.stores:
+                try:
+                    prune(root, bounds)
+                except OSError:
+                    pass
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def remove_temp_root() -> None:
+    shutil.rmtree(TEMP_ROOT, ignore_errors=True)
