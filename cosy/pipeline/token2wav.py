@@ -165,14 +165,22 @@ class Token2WavStream:
     def _next_hop(self) -> int:
         return self.hop + self.first_pad if self.offset == 0 else self.hop
 
-    @torch.inference_mode()
-    def push(self, tokens: list[int] | Tensor) -> list[Tensor]:
-        """Add new speech tokens; returns the audio chunks (each (N,) float32) that became ready."""
+    def add(self, tokens: list[int] | Tensor) -> None:
+        """Add new speech tokens without computing anything (`push([])` computes what is `due`)."""
         if self.finished:
             raise RuntimeError("this stream is finished")
         self.tokens.extend(int(t) for t in (tokens.flatten().tolist() if isinstance(tokens, Tensor) else tokens))
+
+    def due(self) -> bool:
+        """Whether a chunk is ready to compute."""
+        return len(self.tokens) - self.offset >= self._next_hop() + self.t2w.lookahead
+
+    @torch.inference_mode()
+    def push(self, tokens: list[int] | Tensor) -> list[Tensor]:
+        """Add new speech tokens; returns the audio chunks (each (N,) float32) that became ready."""
+        self.add(tokens)
         chunks = []
-        while len(self.tokens) - self.offset >= self._next_hop() + self.t2w.lookahead:
+        while self.due():
             hop = self._next_hop()
             end = self.offset + hop + self.t2w.lookahead
             chunks.append(self._chunk(self.tokens[:end], finalize=False))

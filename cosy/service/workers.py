@@ -44,6 +44,8 @@ class EngineSpec:
     llm_base_url: str | None = None
     llm_api_key: str | None = None
     threads: int | None = None
+    max_batch: int = 1  # live requests per worker process (1: the old one-request-at-a-time loop)
+    cache_mb: int = 0  # streaming flow state budget (cosy.speech.cache); 0 recomputes every prefix
 
 
 @dataclass
@@ -56,8 +58,9 @@ class Job:
     submitted: float = field(default_factory=time.monotonic)
 
 
-def _worker_main(spec: EngineSpec, conn) -> None:
-    """Worker process: build the engine, then run one job at a time from the dispatcher."""
+def _worker_main(spec: EngineSpec, conn, prepare=None) -> None:
+    """Worker process: build the engine (`prepare(engine)` may adjust it: benchmarks fix the token count),
+    then run its jobs: one at a time (max_batch 1) or up to max_batch at once (`cosy.speech.worker`)."""
     import torch
 
     from cosy.pipeline.engine import Engine
@@ -65,11 +68,18 @@ def _worker_main(spec: EngineSpec, conn) -> None:
     torch.set_num_threads(spec.threads or max(1, (os.cpu_count() or 1)))
     try:
         engine = Engine.from_model_dir(spec.model_dir, device=spec.device, ttsfrd_dir=spec.ttsfrd_dir,
-                                       llm_base_url=spec.llm_base_url, llm_api_key=spec.llm_api_key)
+                                       llm_base_url=spec.llm_base_url, llm_api_key=spec.llm_api_key,
+                                       cache_mb=spec.cache_mb)
     except Exception as e:  # reported to the parent, which refuses to start
         conn.send(("failed", f"{type(e).__name__}: {e}"))
         return
+    if prepare is not None:
+        prepare(engine)
     conn.send(("ready", engine.sample_rate))
+    if spec.max_batch > 1:  # many live requests, their flow/HiFT work scheduled (cosy.speech)
+        from cosy.speech.worker import serve
+        serve(engine, conn)
+        return
     while (msg := conn.recv()) is not None:
         if msg[0] == "cancel":  # for a job that has finished meanwhile
             continue
@@ -92,9 +102,10 @@ def _worker_main(spec: EngineSpec, conn) -> None:
 
 class WorkerPool:
     def __init__(self, spec: EngineSpec, workers: int = 1, max_queue: int = 64, start_timeout: float = 900):
-        if workers < 1:
-            raise ValueError("workers must be >= 1")
+        if workers < 1 or spec.max_batch < 1:
+            raise ValueError("workers and max_batch must be >= 1")
         self.spec, self.n_workers, self.max_queue = spec, workers, max_queue
+        self.max_batch = spec.max_batch  # jobs one worker process holds at once
         self.start_timeout = start_timeout
         self.sample_rate = 24000
         self._waiting: deque[Job] = deque()  # guarded by _ready
@@ -106,6 +117,7 @@ class WorkerPool:
         self._threads: list[threading.Thread] = []
         self._procs: list[mp.Process] = []
         self._closing = False
+        self.worker_prepare = None  # picklable callable(engine) run in each worker after it is built
 
     def start(self) -> "WorkerPool":
         """Start every worker and wait until each has loaded its models; RuntimeError if one fails."""
@@ -124,7 +136,7 @@ class WorkerPool:
         spec = self.spec
         if spec.threads is None:  # share the cores between the workers
             spec = EngineSpec(**{**vars(spec), "threads": max(1, (os.cpu_count() or 1) // self.n_workers)})
-        proc = ctx.Process(target=_worker_main, args=(spec, child), daemon=True)
+        proc = ctx.Process(target=_worker_main, args=(spec, child, self.worker_prepare), daemon=True)
         proc.start()
         child.close()
         if not parent.poll(self.start_timeout):
@@ -137,47 +149,57 @@ class WorkerPool:
         return parent
 
     def _dispatch(self, index: int, conn, ctx) -> None:
-        """One thread per worker: hand it the oldest waiting job, relay its messages back."""
+        """One thread per worker: keep it fed with up to max_batch of the oldest waiting jobs, relay their
+        messages back by job id, forward cancels."""
+        live: dict[int, tuple[Job, float]] = {}
+        cancel_sent: set[int] = set()
         while True:
+            new = []
             with self._ready:
-                while not self._waiting and not self._closing:
+                while not live and not self._waiting and not self._closing:
                     self._ready.wait()
                 if self._closing:
                     return
-                job = self._waiting.popleft()
-            if job.cancelled.is_set():
-                continue
-            with self._lock:
-                self._busy += 1
-            start = time.monotonic()
+                while self._waiting and len(live) + len(new) < self.max_batch:
+                    job = self._waiting.popleft()
+                    if not job.cancelled.is_set():
+                        new.append(job)
             try:
-                conn.send((job.id, job.kind, job.payload))
-                self._relay(job, conn)
+                for job in new:
+                    with self._lock:
+                        self._busy += 1
+                    live[job.id] = (job, time.monotonic())
+                    conn.send((job.id, job.kind, job.payload))
+                for job_id, (job, _) in live.items():
+                    if job.cancelled.is_set() and job_id not in cancel_sent:
+                        conn.send(("cancel", job_id))
+                        cancel_sent.add(job_id)
+                if not conn.poll(0.02):
+                    continue
+                kind, job_id, data = conn.recv()
+                if job_id not in live:
+                    continue
+                job = live[job_id][0]
+                job.out.put((kind, data))
+                if kind in ("done", "error"):
+                    self._finished(live.pop(job_id)[1])
+                    cancel_sent.discard(job_id)
             except (EOFError, OSError):
-                job.out.put(("error", ("WorkerCrashed", "the synthesis worker stopped unexpectedly; retry", 503, None)))
+                for job, started in live.values():
+                    job.out.put(("error", ("WorkerCrashed", "the synthesis worker stopped unexpectedly; retry",
+                                           503, None)))
+                    self._finished(started)
+                live.clear()
+                cancel_sent.clear()
                 if self._closing:
                     return
                 log.error("worker %d died; restarting it", index)
                 conn = self._spawn(ctx)
-            finally:
-                with self._lock:
-                    self._busy -= 1
-                    self._job_seconds = 0.8 * self._job_seconds + 0.2 * (time.monotonic() - start)
 
-    def _relay(self, job: Job, conn) -> None:
-        cancel_sent = False
-        while True:
-            if job.cancelled.is_set() and not cancel_sent:
-                conn.send(("cancel", job.id))
-                cancel_sent = True
-            if not conn.poll(0.05):
-                continue
-            kind, job_id, data = conn.recv()
-            if job_id != job.id:
-                continue
-            job.out.put((kind, data))
-            if kind in ("done", "error"):
-                return
+    def _finished(self, started: float) -> None:
+        with self._lock:
+            self._busy -= 1
+            self._job_seconds = 0.8 * self._job_seconds + 0.2 * (time.monotonic() - started)
 
     def submit(self, kind: str, payload: dict) -> Job:
         """Queue a job; QueueFull at once when `max_queue` jobs already wait."""
@@ -186,7 +208,7 @@ class WorkerPool:
             live = [j for j in self._waiting if not j.cancelled.is_set()]
             self._waiting = deque(live)
             if len(live) >= self.max_queue:
-                raise QueueFull(len(live), self._job_seconds * (len(live) + 1) / self.n_workers)
+                raise QueueFull(len(live), self._job_seconds * (len(live) + 1) / (self.n_workers * self.max_batch))
             self._waiting.append(job)
             self._ready.notify()
         return job
@@ -224,7 +246,8 @@ class WorkerPool:
             busy = self._busy
         with self._ready:
             waiting = sum(not j.cancelled.is_set() for j in self._waiting)
-        return {"workers": self.n_workers, "busy": busy, "waiting": waiting}
+        return {"workers": self.n_workers, "busy": busy, "waiting": waiting, "max_batch": self.max_batch,
+                "capacity": self.n_workers * self.max_batch}
 
     def close(self) -> None:
         with self._ready:
