@@ -73,6 +73,12 @@ class Unavailable(CosyError):
     status = 503
 
 
+class Cancelled(CosyError):
+    """The caller went away (or cancelled): the job was dropped; 499 as nginx says "client closed request"."""
+
+    status = 499
+
+
 class JobError(CosyError):
     """A job failed in a worker process: the original error's class name (`kind`), message and status."""
 

@@ -42,18 +42,12 @@ class FlowModel(nn.Module):
             self.decoder = CausalConditionalCFM(cfg.cfm, cfg.estimator, estimator)
 
     @torch.inference_mode()
-    def inference(self, token: Tensor, prompt_token: Tensor, prompt_feat: Tensor, embedding: Tensor,
-                  streaming: bool, finalize: bool) -> Tensor:
-        """Generate the mel for `token`, continuing the prompt.
+    def conditions(self, token: Tensor, prompt_token: Tensor, prompt_feat: Tensor, embedding: Tensor,
+                   streaming: bool, finalize: bool) -> tuple[Tensor, Tensor, Tensor]:
+        """What the CFM decoder is conditioned on, over prompt + target frames.
 
-        Args:
-            token: (1, T) int speech tokens to synthesise.  prompt_token: (1, Tp) int prompt tokens.
-            prompt_feat: (1, Tm, 80) float prompt mel.  embedding: (1, 192) speaker embedding.
-            streaming: chunk attention masks in encoder and estimator (else full attention).
-            finalize: False for a non-final streaming chunk: the last pre_lookahead_len tokens are look-ahead
-                context only and produce no mel.
-        Returns:
-            (1, 80, ratio*(Tp + T [- pre_lookahead_len if not finalize]) - Tm) float32 mel.
+        Returns mu (1, 80, T_mel) encoder output, spks (1, 80) projected speaker embedding and cond
+        (1, 80, T_mel) = the prompt mel in the first frames, zeros after. Arguments as in `inference`.
         """
         cfg = self.cfg
         dtype = self.spk_embed_affine_layer.weight.dtype
@@ -73,6 +67,22 @@ class FlowModel(nn.Module):
             raise ValueError(f"prompt mel ({n_prompt} frames) is longer than the encoded tokens ({n_total} frames)")
         cond = torch.zeros(1, cfg.output_size, n_total, device=h.device, dtype=h.dtype)
         cond[:, :, :n_prompt] = prompt_feat.transpose(1, 2)
+        return h.transpose(1, 2).contiguous(), spks, cond
 
-        mel = self.decoder(h.transpose(1, 2).contiguous(), spks, cond, streaming)
-        return mel[:, :, n_prompt:].float()
+    @torch.inference_mode()
+    def inference(self, token: Tensor, prompt_token: Tensor, prompt_feat: Tensor, embedding: Tensor,
+                  streaming: bool, finalize: bool) -> Tensor:
+        """Generate the mel for `token`, continuing the prompt.
+
+        Args:
+            token: (1, T) int speech tokens to synthesise.  prompt_token: (1, Tp) int prompt tokens.
+            prompt_feat: (1, Tm, 80) float prompt mel.  embedding: (1, 192) speaker embedding.
+            streaming: chunk attention masks in encoder and estimator (else full attention).
+            finalize: False for a non-final streaming chunk: the last pre_lookahead_len tokens are look-ahead
+                context only and produce no mel.
+        Returns:
+            (1, 80, ratio*(Tp + T [- pre_lookahead_len if not finalize]) - Tm) float32 mel.
+        """
+        mu, spks, cond = self.conditions(token, prompt_token, prompt_feat, embedding, streaming, finalize)
+        mel = self.decoder(mu, spks, cond, streaming)
+        return mel[:, :, prompt_feat.size(1):].float()

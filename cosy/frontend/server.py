@@ -49,6 +49,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
     p.add_argument("--port", type=int, default=50000, help="port to listen on (default 50000)")
     p.add_argument("--workers", type=int, default=1, help="synthesis worker processes (default 1)")
+    p.add_argument("--max_batch", type=int, default=None,
+                   help="live requests each worker serves at once, their LM streams concurrent and their flow/"
+                        "HiFT work scheduled (default 8 on cpu, 16 on cuda; 1 = the old one-at-a-time loop)")
+    p.add_argument("--speech_cache_mb", type=int, default=None,
+                   help="MiB of streaming flow state per worker, so chunks compute only new frames and saved "
+                        "voices reuse their prompt (about 220 MiB per second held; default 2048 on cpu, "
+                        "8192 on cuda; 0 = recompute)")
     p.add_argument("--enable_mps", action="store_true",
                    help="start or join the CUDA MPS daemon so the workers share the GPU")
     p.add_argument("--api_key", default=os.environ.get("COSY_API_KEY"),
@@ -74,8 +81,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--results_max_mb", type=float, default=res.max_bytes / 2**20,
                    help=f"total size of the result files and of gradio's temp files each (default {res.max_bytes >> 20})")
     args = p.parse_args(argv)
-    if args.workers < 1 or args.max_queue < 0:
-        p.error("--workers must be >= 1 and --max_queue >= 0")
+    if args.workers < 1 or args.max_queue < 0 or (args.max_batch is not None and args.max_batch < 1):
+        p.error("--workers and --max_batch must be >= 1 and --max_queue >= 0")
     from cosy.deploy.keyfile import KeyFileError, read_key_file
     for flag, dest in (("--api_key_file", "api_key"), ("--llm_api_key_file", "llm_api_key")):
         path = getattr(args, dest + "_file")
@@ -128,6 +135,16 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def max_batch(args: argparse.Namespace, device: str) -> int:
+    mb = getattr(args, "max_batch", None)
+    return mb if mb is not None else (16 if device == "cuda" else 8)
+
+
+def speech_cache_mb(args: argparse.Namespace, device: str) -> int:
+    mb = getattr(args, "speech_cache_mb", None)
+    return mb if mb is not None else (8192 if device == "cuda" else 2048)
+
+
 def build_service(args: argparse.Namespace) -> FrontendService:
     """Resolve the model (downloading it once if it is a hub id), open the data dir, start the workers."""
     from cosy.deploy.data_dir import DataDir
@@ -141,7 +158,8 @@ def build_service(args: argparse.Namespace) -> FrontendService:
     say(f"starting {args.workers} worker(s) on {device}: {model_dir}, {lm}")
     spec = EngineSpec(str(model_dir), device=device, ttsfrd_dir=str(ttsfrd) if ttsfrd else None,
                       llm_base_url=args.llm_base_url, llm_api_key=args.llm_api_key,
-                      llm_stall_timeout=args.llm_stall_timeout)
+                      llm_stall_timeout=args.llm_stall_timeout, max_batch=max_batch(args, device),
+                      cache_mb=speech_cache_mb(args, device))
     pool = WorkerPool(spec, workers=args.workers, max_queue=args.max_queue).start()
     return FrontendService(pool, data)
 
@@ -269,7 +287,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         ready = readiness(service, args.llm_base_url, args.llm_api_key)
         say(f"the LM takes {service.lm_max_len or 'an unknown number of'} tokens per request (text and "
             "transcript lengths are checked against it)")
-        app = build_app(service, args.workers, args.max_queue,
+        # the gradio queue must let every request a worker can hold through at once
+        app = build_app(service, args.workers * service.pool.max_batch, args.max_queue,
                         extensions=[lambda app: http_api.install(app, service, api_key=args.api_key, ready=ready)])
         # uvicorn handles SIGINT/SIGTERM: stop accepting, end open requests (5 s), then return here and
         # re-raise the signal to the handler that was there before: for SIGTERM, ours (no-op), so that the

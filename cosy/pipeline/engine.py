@@ -12,6 +12,7 @@ embedded `SpeechLM` by default, or a pool of remote vLLM backends (`cosy.lm.pool
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import random
 from pathlib import Path
@@ -53,14 +54,17 @@ class Engine:
         self.text, self.prompts, self.lm, self.t2w = text, prompts, lm, t2w
         self._prompt_embeds = prompt_embeds  # (text ids, prompt text ids, prompt speech tokens) -> (1, L, H)
         self.family = family  # prompt format and length limits
+        # runs flow/HiFT work: (first_chunk, fn) -> fn(); a worker serving many requests at once sets
+        # a `cosy.speech.scheduler.SpeechScheduler.run` here
+        self.speech_runner = None
 
     @classmethod
     def from_model_dir(cls, model_dir: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32,
                        ttsfrd_dir: str | Path | None = None, llm_base_url: str | None = None,
-                       llm_api_key: str | None = None) -> "Engine":
+                       llm_api_key: str | None = None, cache_mb: int = 0) -> "Engine":
         """Everything from one model directory. With `llm_base_url` (comma-separated backends) the LM runs
         remotely and only its embedding tables are loaded here; the backends are checked now (reachable,
-        key accepted, serving this llm.pt)."""
+        key accepted, serving this llm.pt). `cache_mb`: streaming flow state budget (`load_token2wav`)."""
         md = ModelDir(model_dir)
         family = md.family
         text = TextFrontend(TextTokenizer.from_dir(md.file(family.files.qwen_dir)), ttsfrd_dir)
@@ -72,7 +76,7 @@ class Engine:
         else:
             lm = import_object(family.lm).from_model_dir(md, device=device, dtype=dtype)
             prompt_embeds = lm.prompt_embeds
-        return cls(text, VoicePromptEncoder(md), lm, load_token2wav(md, device, dtype), prompt_embeds, family)
+        return cls(text, VoicePromptEncoder(md), lm, load_token2wav(md, device, dtype, cache_mb), prompt_embeds, family)
 
     @property
     def sample_rate(self) -> int:
@@ -86,7 +90,9 @@ class Engine:
         req.check()
         seed = req.seed if req.seed is not None else random.randrange(2**31)
         features = self._features(req)
-        flow_prompt = FlowPrompt(features.speech_tokens, features.mel, features.embedding)
+        # a saved voice recurs: streaming keeps its prompt's flow state (keyed by content)
+        key = _voice_key(features) if req.voice is not None else None
+        flow_prompt = FlowPrompt(features.speech_tokens, features.mel, features.embedding, key)
         if req.mode == "vc":
             tokens = self.prompts.speech_tokens(_load16k(req.source_wav))
             yield from self._token2wav(iter(tokens.flatten().tolist()), flow_prompt, req, seed)
@@ -137,22 +143,40 @@ class Engine:
 
     def _token2wav(self, tokens: Iterator[int], prompt: FlowPrompt, req: SynthesisRequest,
                    seed: int) -> Iterator[Tensor]:
+        run = self.speech_runner or _run_here
+        stream = None
         try:
             if not req.stream:
                 ids = list(tokens)
                 if ids:
-                    yield self.t2w(torch.tensor([ids], dtype=torch.int32), prompt, speed=req.speed, seed=seed)
+                    yield run(True, lambda: self.t2w(torch.tensor([ids], dtype=torch.int32), prompt,
+                                                     speed=req.speed, seed=seed))
                 return
             stream = self.t2w.stream(prompt, speed=req.speed, seed=seed)
             for token in tokens:
-                yield from (c for c in stream.push([token]) if c.numel())
-            last = stream.finish()
+                stream.add([token])
+                if stream.due():
+                    yield from (c for c in run(stream.offset == 0, lambda: stream.push([])) if c.numel())
+            last = run(stream.offset == 0, stream.finish)
             if last.numel():
                 yield last
         finally:  # the caller went away: stop the LM now (a remote backend aborts the request)
+            if stream is not None:
+                stream.close()
             close = getattr(tokens, "close", None)
             if close:
                 close()
+
+
+def _run_here(first: bool, fn):
+    return fn()
+
+
+def _voice_key(features: PromptFeatures) -> str:
+    h = hashlib.sha1()
+    for t in (features.speech_tokens, features.mel, features.embedding):
+        h.update(t.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
 
 
 def _load16k(source: object) -> Tensor:

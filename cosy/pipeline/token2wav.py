@@ -17,10 +17,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from cosy.flow import incremental
 from cosy.flow.model import FlowModel
 from cosy.hift.generator import HiFTGenerator
 from cosy.model.files import ModelDir
 from cosy.model.load import as_model_dir, load_flow, load_hift
+from cosy.speech.cache import StateBudget
 
 MEL_CACHE_FRAMES = 8  # mel frames HiFT re-decodes at the start of the next chunk
 
@@ -30,11 +32,14 @@ class FlowPrompt:
     """The voice prompt as the flow sees it.
 
     tokens: (1, Tp) int speech tokens; mel: (1, 2*Tp, 80) 24 kHz prompt mel; embedding: (1, 192) CAM++.
+    cache_key: set for prompts that recur (saved voices): streaming keeps their final prompt chunks' flow
+    state under this key (see `cosy.speech.cache`).
     """
 
     tokens: Tensor
     mel: Tensor
     embedding: Tensor
+    cache_key: str | None = None
 
 
 def crossfade(head: Tensor, previous_tail: Tensor, window: Tensor) -> Tensor:
@@ -92,8 +97,10 @@ class Token2Wav:
     """Flow + HiFT with the official streaming schedule. Stateless: per-request state is in streams."""
 
     def __init__(self, flow: FlowModel, hift: HiFTGenerator, hop_len: int = 25, max_hop_len: int = 100,
-                 hop_growth: int = 2):
+                 hop_growth: int = 2, state_budget: StateBudget | None = None):
         self.flow = flow.eval()
+        # streaming computes only new frames when a budget is given (else every chunk recomputes the prefix)
+        self.state_budget = state_budget if state_budget is not None and incremental.supports(flow) else None
         self.hift = hift.eval()
         self.hop_len, self.max_hop_len, self.hop_growth = hop_len, max_hop_len, hop_growth
         self.lookahead = flow.cfg.pre_lookahead_len
@@ -152,19 +159,28 @@ class Token2WavStream:
         self.first_pad = math.ceil(n_prompt / t2w.hop_len) * t2w.hop_len - n_prompt
         self.stretcher = MelStretcher(speed) if speed != 1.0 else None
         self.cache: tuple[Tensor, Tensor, Tensor] | None = None  # (mel, source, speech tail)
+        self.state: incremental.FlowState | None = None  # flow state of finished chunks (with a budget)
         self.finished = False
 
     def _next_hop(self) -> int:
         return self.hop + self.first_pad if self.offset == 0 else self.hop
 
-    @torch.inference_mode()
-    def push(self, tokens: list[int] | Tensor) -> list[Tensor]:
-        """Add new speech tokens; returns the audio chunks (each (N,) float32) that became ready."""
+    def add(self, tokens: list[int] | Tensor) -> None:
+        """Add new speech tokens without computing anything (`push([])` computes what is `due`)."""
         if self.finished:
             raise RuntimeError("this stream is finished")
         self.tokens.extend(int(t) for t in (tokens.flatten().tolist() if isinstance(tokens, Tensor) else tokens))
+
+    def due(self) -> bool:
+        """Whether a chunk is ready to compute."""
+        return len(self.tokens) - self.offset >= self._next_hop() + self.t2w.lookahead
+
+    @torch.inference_mode()
+    def push(self, tokens: list[int] | Tensor) -> list[Tensor]:
+        """Add new speech tokens; returns the audio chunks (each (N,) float32) that became ready."""
+        self.add(tokens)
         chunks = []
-        while len(self.tokens) - self.offset >= self._next_hop() + self.t2w.lookahead:
+        while self.due():
             hop = self._next_hop()
             end = self.offset + hop + self.t2w.lookahead
             chunks.append(self._chunk(self.tokens[:end], finalize=False))
@@ -180,14 +196,50 @@ class Token2WavStream:
         self.finished = True
         return self._chunk(self.tokens, finalize=True)
 
+    def close(self) -> None:
+        """Drop the flow state (done by `finish`; call it for a stream given up early)."""
+        self.state = None
+        if self.t2w.state_budget is not None:
+            self.t2w.state_budget.release(id(self))
+
+    def __del__(self):
+        if getattr(self, "t2w", None) is not None and self.t2w.state_budget is not None:
+            self.t2w.state_budget.release(id(self))
+
+    def _new_frames(self, tokens: Tensor) -> Tensor:
+        """A non-final chunk's mel computed on its new frames only, from the state of earlier ones."""
+        t2w, p, dev = self.t2w, self.prompt, self.t2w.device
+        flow, budget = t2w.flow, t2w.state_budget
+        mu, spks, cond = flow.conditions(tokens.to(dev), p.tokens.to(dev), p.mel.to(dev), p.embedding.to(dev),
+                                         streaming=True, finalize=False)
+        start = p.mel.shape[1] + self.offset * flow.cfg.token_mel_ratio  # first frame to return
+        state = self.state
+        if state is None and p.cache_key is not None:
+            state = budget.voice(p.cache_key)
+            if state is None:
+                n = incremental.prompt_frames(flow, p.tokens.shape[1])
+                if 0 < n <= start:
+                    _, state = incremental.sample_new(flow, mu, spks, cond, None, stop=n)
+                    budget.put_voice(p.cache_key, state)
+        if state is not None and state.frames > start:
+            state = None
+        past = state.frames if state is not None else 0
+        mel, state = incremental.sample_new(flow, mu, spks, cond, state)
+        self.state = state if budget.charge(id(self), state.nbytes) else None
+        return mel[:, :, start - past:]
+
     def _chunk(self, tokens: list[int], finalize: bool) -> Tensor:
         t2w = self.t2w
         if not tokens and self.cache is None:
             return torch.zeros(0)
         token_tensor = torch.tensor(tokens, dtype=torch.int32).unsqueeze(0)
-        # the official last chunk runs without chunk masks (full attention); earlier ones stream
-        mel = t2w.mel(token_tensor, self.prompt, streaming=not finalize, finalize=finalize)
-        mel = mel[:, :, self.offset * t2w.flow.cfg.token_mel_ratio:]
+        if finalize:
+            self.close()
+        if not finalize and t2w.state_budget is not None:
+            mel = self._new_frames(token_tensor)
+        else:  # the official last chunk runs without chunk masks (full attention); earlier ones stream
+            mel = t2w.mel(token_tensor, self.prompt, streaming=not finalize, finalize=finalize)
+            mel = mel[:, :, self.offset * t2w.flow.cfg.token_mel_ratio:]
         if self.stretcher is not None:
             mel = self.stretcher.push(mel, final=finalize)
         cache_source = None
@@ -207,11 +259,14 @@ class Token2WavStream:
 
 
 def load_token2wav(model_dir: str | Path | ModelDir, device: str | torch.device = "cpu",
-                   dtype: torch.dtype = torch.float32) -> Token2Wav:
+                   dtype: torch.dtype = torch.float32, cache_mb: int = 0) -> Token2Wav:
     """Flow + HiFT of a model directory, ready for `Token2Wav.__call__` or `.stream()`.
 
-    `dtype` applies to the flow; HiFT stays float32 (its phase accumulation needs it).
+    `dtype` applies to the flow; HiFT stays float32 (its phase accumulation needs it). `cache_mb` > 0:
+    streaming keeps up to that many MiB of flow state (finished chunks, saved voices' prompts) to compute
+    only new frames; 0: every chunk recomputes its prefix, as the official code does.
     """
     md = as_model_dir(model_dir)
+    budget = StateBudget(cache_mb << 20) if cache_mb > 0 else None
     return Token2Wav(load_flow(md, device, dtype), load_hift(md, device),
-                     hop_len=md.config.chunk_size, max_hop_len=4 * md.config.chunk_size)
+                     hop_len=md.config.chunk_size, max_hop_len=4 * md.config.chunk_size, state_budget=budget)

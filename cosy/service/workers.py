@@ -1,12 +1,13 @@
 """Synthesis worker processes behind one fair queue, shared by the WebUI and every API of a frontend.
 
 Each worker process holds its own `Engine` (text frontend, prompt encoder, flow, HiFT, and the embedded
-LM or a client of the LM backends), so `--workers N` serves N requests at once. Jobs wait in one FIFO
-queue; a free worker takes the oldest. Past `max_queue` waiting jobs, `submit` refuses at once with
+LM or a client of the LM backends) and serves up to `max_batch` requests at once (`cosy.speech`; 1 keeps
+the one-request-at-a-time loop), so `--workers N` serves N x max_batch requests. Jobs wait in one FIFO
+queue; a worker with a free slot takes the oldest. Past `max_queue` waiting jobs, `submit` refuses at once with
 `QueueFull` (the HTTP layer answers 429 with Retry-After) instead of letting callers hang. A caller that
 goes away cancels its job wherever it is: a waiting job leaves the queue at once (it no longer counts in
 `waiting`), a running one stops at its next LM token or audio chunk (a remote LM request is aborted); the
-worker learns it through a shared event, not only through its pipe, so it stops even inside the LM.
+worker learns it through its pipe (and, at max_batch 1, a shared event, so it stops even inside the LM).
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from cosy.errors import Busy, CosyError, JobError
+from cosy.errors import Busy, Cancelled, JobError
 from cosy.pipeline.request import SynthesisRequest
 from cosy.prompt.encoder import PromptFeatures
 
@@ -35,12 +36,6 @@ class QueueFull(Busy):
     def __init__(self, waiting: int, retry_after: float):
         super().__init__(f"the server is busy ({waiting} requests waiting); retry in {retry_after:.0f} s",
                          retry_after=retry_after)
-
-
-class Cancelled(CosyError):
-    """The caller went away (or cancelled): the job was dropped; 499 as nginx says "client closed request"."""
-
-    status = 499
 
 
 @dataclass
@@ -54,6 +49,8 @@ class EngineSpec:
     llm_api_key: str | None = None
     threads: int | None = None
     llm_stall_timeout: float | None = None  # seconds without an LM token before the backend counts as stalled
+    max_batch: int = 1  # live requests per worker process (1: the old one-request-at-a-time loop)
+    cache_mb: int = 0  # streaming flow state budget (cosy.speech.cache); 0 recomputes every prefix
 
 
 @dataclass
@@ -87,20 +84,21 @@ class _CancellableLM:
             tokens.close()
 
 
-def _worker_main(spec: EngineSpec, conn, cancel=None, health=None) -> None:
-    """Worker process: build the engine, then run one job at a time from the dispatcher.
+def _worker_main(spec: EngineSpec, conn, cancel=None, health=None, prepare=None) -> None:
+    """Worker process: build the engine (`prepare(engine)` may adjust it: benchmarks fix the token count),
+    then run its jobs: one at a time (max_batch 1) or up to max_batch at once (`cosy.speech.worker`).
 
-    `cancel`: an event the dispatcher sets when the running job's caller went away; `health`: the shared
-    dead-until table of the LM backends (the parent's /ready reads and writes it too). The worker ignores
-    SIGINT (Ctrl-C is the parent's to handle) and ends quietly when its pipe closes."""
+    `cancel`: an event the dispatcher sets when the running job's caller went away (max_batch 1); `health`:
+    the shared dead-until table of the LM backends (the parent's /ready reads and writes it too). The
+    worker ignores SIGINT (Ctrl-C is the parent's to handle) and ends quietly when its pipe closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        _serve(spec, conn, cancel, health)
+        _serve(spec, conn, cancel, health, prepare)
     except (EOFError, OSError, KeyboardInterrupt):  # the parent went away or closed us: nothing to report
         pass
 
 
-def _serve(spec: EngineSpec, conn, cancel, health) -> None:
+def _serve(spec: EngineSpec, conn, cancel, health, prepare) -> None:
     import torch
 
     from cosy.lm.pool import BackendPool
@@ -109,12 +107,20 @@ def _serve(spec: EngineSpec, conn, cancel, health) -> None:
     torch.set_num_threads(spec.threads or max(1, (os.cpu_count() or 1)))
     try:
         engine = Engine.from_model_dir(spec.model_dir, device=spec.device, ttsfrd_dir=spec.ttsfrd_dir,
-                                       llm_base_url=spec.llm_base_url, llm_api_key=spec.llm_api_key)
+                                       llm_base_url=spec.llm_base_url, llm_api_key=spec.llm_api_key,
+                                       cache_mb=spec.cache_mb)
     except Exception as e:  # reported to the parent, which refuses to start
         conn.send(("failed", f"{type(e).__name__}: {e}"))
         return
     if isinstance(engine.lm, BackendPool):
         engine.lm.configure(stall_timeout=spec.llm_stall_timeout, shared_health=health)
+    if prepare is not None:
+        prepare(engine)
+    if spec.max_batch > 1:  # many live requests, their flow/HiFT work scheduled (cosy.speech)
+        from cosy.speech.worker import serve
+        conn.send(("ready", engine.sample_rate))
+        serve(engine, conn)
+        return
     if cancel is not None:
         engine.lm = _CancellableLM(engine.lm, cancel)
     conn.send(("ready", engine.sample_rate))
@@ -146,9 +152,10 @@ def _serve(spec: EngineSpec, conn, cancel, health) -> None:
 
 class WorkerPool:
     def __init__(self, spec: EngineSpec, workers: int = 1, max_queue: int = 64, start_timeout: float = 900):
-        if workers < 1:
-            raise ValueError("workers must be >= 1")
+        if workers < 1 or spec.max_batch < 1:
+            raise ValueError("workers and max_batch must be >= 1")
         self.spec, self.n_workers, self.max_queue = spec, workers, max_queue
+        self.max_batch = spec.max_batch  # jobs one worker process holds at once
         self.start_timeout = start_timeout
         self.sample_rate = 24000
         self._waiting: deque[Job] = deque()  # guarded by _ready
@@ -166,6 +173,7 @@ class WorkerPool:
         # dead-until (time.monotonic(), system-wide) per LM backend, shared by every worker's BackendPool
         # and this process's /ready, so that both agree on which backends are usable
         self.backend_health = self._ctx.Array("d", len(urls)) if urls else None
+        self.worker_prepare = None  # picklable callable(engine) run in each worker after it is built
 
     def start(self) -> "WorkerPool":
         """Start every worker and wait until each has loaded its models; RuntimeError if one fails."""
@@ -185,7 +193,8 @@ class WorkerPool:
         spec = self.spec
         if spec.threads is None:  # share the cores between the workers
             spec = EngineSpec(**{**vars(spec), "threads": max(1, (os.cpu_count() or 1) // self.n_workers)})
-        proc = ctx.Process(target=_worker_main, args=(spec, child, cancel, self.backend_health), daemon=True)
+        proc = ctx.Process(target=_worker_main, args=(spec, child, cancel, self.backend_health, self.worker_prepare),
+                           daemon=True)
         proc.start()
         child.close()
         if not parent.poll(self.start_timeout):
@@ -202,25 +211,52 @@ class WorkerPool:
         return parent, cancel
 
     def _dispatch(self, index: int, conn, cancel, ctx) -> None:
-        """One thread per worker: hand it the oldest waiting job, relay its messages back."""
+        """One thread per worker: keep it fed with up to max_batch of the oldest waiting jobs, relay their
+        messages back by job id, forward cancels."""
+        live: dict[int, tuple[Job, float]] = {}
+        cancel_sent: set[int] = set()
         while True:
+            new = []
             with self._ready:
-                while not self._waiting and not self._closing:
+                while not live and not self._waiting and not self._closing:
                     self._ready.wait()
                 if self._closing:
                     return
-                job = self._waiting.popleft()
-                if job.cancelled.is_set():
-                    continue
+                while self._waiting and len(live) + len(new) < self.max_batch:
+                    job = self._waiting.popleft()
+                    if not job.cancelled.is_set():
+                        new.append(job)
                 with self._lock:  # counted busy before it stops counting as waiting: no gap in the metrics
-                    self._busy += 1
-            start = time.monotonic()
+                    self._busy += len(new)
             try:
-                cancel.clear()
-                conn.send((job.id, job.kind, job.payload))
-                self._relay(job, conn, cancel)
+                for job in new:
+                    live[job.id] = (job, time.monotonic())
+                    cancel.clear()  # max_batch 1: the event speaks of the one running job
+                    conn.send((job.id, job.kind, job.payload))
+                for job_id, (job, _) in live.items():
+                    if job.cancelled.is_set() and job_id not in cancel_sent:
+                        if self.max_batch == 1:
+                            cancel.set()  # seen by the worker inside the LM, between tokens
+                        conn.send(("cancel", job_id))
+                        cancel_sent.add(job_id)
+                if not conn.poll(0.02):
+                    continue
+                kind, job_id, data = conn.recv()
+                if job_id not in live:
+                    continue
+                job = live[job_id][0]
+                if job_id not in cancel_sent:
+                    job.out.put((kind, data))
+                if kind in ("done", "error"):
+                    self._finished(live.pop(job_id)[1])
+                    cancel_sent.discard(job_id)
             except (EOFError, OSError):
-                job.out.put(("error", ("WorkerCrashed", "the synthesis worker stopped unexpectedly; retry", 503, None)))
+                for job, started in live.values():
+                    job.out.put(("error", ("WorkerCrashed", "the synthesis worker stopped unexpectedly; retry",
+                                           503, None)))
+                    self._finished(started)
+                live.clear()
+                cancel_sent.clear()
                 if self._closing:
                     return
                 log.error("worker %d died; restarting it", index)
@@ -229,29 +265,11 @@ class WorkerPool:
                 except RuntimeError:
                     log.exception("worker %d could not be restarted", index)
                     return
-            finally:
-                with self._lock:
-                    self._busy -= 1
-                    self._job_seconds = 0.8 * self._job_seconds + 0.2 * (time.monotonic() - start)
 
-    def _relay(self, job: Job, conn, cancel) -> None:
-        cancel_sent = False
-        while True:
-            if job.cancelled.is_set() and not cancel_sent:
-                cancel.set()  # seen by the worker inside the LM, between tokens
-                conn.send(("cancel", job.id))
-                cancel_sent = True
-            if not conn.poll(0.05):
-                if self._closing:
-                    raise EOFError
-                continue
-            kind, job_id, data = conn.recv()
-            if job_id != job.id:
-                continue
-            if not cancel_sent:
-                job.out.put((kind, data))
-            if kind in ("done", "error"):
-                return
+    def _finished(self, started: float) -> None:
+        with self._lock:
+            self._busy -= 1
+            self._job_seconds = 0.8 * self._job_seconds + 0.2 * (time.monotonic() - started)
 
     def submit(self, kind: str, payload: dict, cancelled: threading.Event | None = None) -> Job:
         """Queue a job; QueueFull at once when `max_queue` jobs already wait. `cancelled`: the caller's own
@@ -263,7 +281,7 @@ class WorkerPool:
             live = [j for j in self._waiting if not j.cancelled.is_set()]
             self._waiting = deque(live)
             if len(live) >= self.max_queue:
-                raise QueueFull(len(live), self._job_seconds * (len(live) + 1) / self.n_workers)
+                raise QueueFull(len(live), self._job_seconds * (len(live) + 1) / (self.n_workers * self.max_batch))
             self._waiting.append(job)
             self._ready.notify()
         return job
@@ -320,7 +338,8 @@ class WorkerPool:
             waiting = sum(not j.cancelled.is_set() for j in self._waiting)
             with self._lock:
                 busy = self._busy
-        return {"workers": self.n_workers, "busy": busy, "waiting": waiting}
+        return {"workers": self.n_workers, "busy": busy, "waiting": waiting, "max_batch": self.max_batch,
+                "capacity": self.n_workers * self.max_batch}
 
     def close(self, grace: float = 3.0) -> None:
         """Stop the workers: ask each to exit (closing its pipe), terminate those still running after

