@@ -24,8 +24,8 @@ class CosyError(Exception):
 
     status = 500
 
-    def __init__(self, message: str, status: int | None = None, retry_after: float | None = None):
-        super().__init__(message)
+    def __init__(self, message: str = "", status: int | None = None, retry_after: float | None = None):
+        super().__init__(message or (type(self).__doc__ or type(self).__name__).strip().split("\n")[0])
         if status is not None:
             self.status = status
         self.retry_after = retry_after
