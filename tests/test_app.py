@@ -36,7 +36,7 @@ ENDPOINTS = {
 def apps(tiny_model_dir, tmp_path_factory):
     data = tmp_path_factory.mktemp("shared_data")
     common = ["--model_dir", str(tiny_model_dir), "--data_dir", str(data)]
-    a, b = start_apps(common + ["--workers", "2"], common + ["--workers", "1", "--max_queue", "1"])
+    a, b = start_apps(common + ["--workers", "2"], common + ["--workers", "1", "--max_batch", "1", "--max_queue", "1"])
     yield a, b
     a.stop()
     b.stop()
@@ -124,7 +124,8 @@ def test_two_workers_serve_two_requests_at_once(apps):
 
 
 def test_past_max_queue_requests_are_refused_as_busy(apps):
-    """B runs 1 request and lets 1 wait: of 4 at once, some are refused at once with a clear message."""
+    """B (1 worker, max_batch 1) runs 1 request and lets 1 wait: of 4 at once, some are refused at once with a
+    clear message."""
     clients = [apps[1].client() for _ in range(4)]
     clients[0].predict("busy-voice", ZS_TEXT, handle_file(ZS_WAV), api_name="/save_voice")
 

@@ -245,7 +245,7 @@ class WorkerPool:
                 if job_id not in live:
                     continue
                 job = live[job_id][0]
-                if job_id not in cancel_sent:
+                if job_id not in cancel_sent or kind in ("done", "error"):  # nobody reads chunks after a cancel
                     job.out.put((kind, data))
                 if kind in ("done", "error"):
                     self._finished(live.pop(job_id)[1])
