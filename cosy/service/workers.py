@@ -5,8 +5,9 @@ LM or a client of the LM backends), so `--workers N` serves N requests at once. 
 queue; a free worker takes the oldest. Past `max_queue` waiting jobs, `submit` refuses at once with
 `QueueFull` (the HTTP layer answers 429 with Retry-After) instead of letting callers hang. A caller that
 goes away cancels its job wherever it is: a waiting job leaves the queue at once (it no longer counts in
-`waiting`), a running one stops at its next LM token or audio chunk (a remote LM request is aborted); the
-worker learns it through a shared event, not only through its pipe, so it stops even inside the LM.
+`waiting`), a running one stops at its next LM token (a remote LM request is aborted) or, inside flow/HiFT,
+within one tensor operation: the worker learns it through a shared event (seen between tokens and chunks)
+and a signal (SIGUSR1) that interrupts the engine's computation, so a long chunk is not computed in vain.
 """
 from __future__ import annotations
 
@@ -66,25 +67,86 @@ class Job:
     submitted: float = field(default_factory=time.monotonic)
 
 
+INTERRUPT = getattr(signal, "SIGUSR1", None)  # the dispatcher's "stop computing now" (POSIX)
+
+
+class _Interrupted(BaseException):
+    """Raised by the SIGUSR1 handler inside the engine's computation (a BaseException: no `except
+    Exception` on the way swallows it); becomes `Cancelled`."""
+
+
+class _Interrupt:
+    """Where the worker's main thread is: `armed` while the engine computes (flow, HiFT, text) for a job
+    that may be cancelled, not while it waits for an LM token (its client, pool counters and locks must
+    not be torn mid-way: the cancel event is checked after each token) nor while it talks to the parent."""
+
+    def __init__(self, cancel):
+        self.cancel, self.armed = cancel, False
+
+    def handler(self, signum, frame) -> None:
+        if self.armed and self.cancel.is_set():
+            self.armed = False
+            raise _Interrupted()
+
+    def synthesize(self, synthesize):
+        """Wrap `engine.synthesize`: each next chunk is computed armed; Cancelled if interrupted."""
+        def wrapped(*args, **kwargs):
+            chunks = synthesize(*args, **kwargs)
+            try:
+                while True:
+                    self.armed = True
+                    try:
+                        if self.cancel.is_set():  # (a signal sent before we armed is not lost)
+                            raise _Interrupted()
+                        chunk = next(chunks)
+                    except StopIteration:
+                        return
+                    except _Interrupted:
+                        raise Cancelled("cancelled") from None
+                    finally:
+                        self.armed = False
+                    yield chunk
+            finally:
+                chunks.close()
+        return wrapped
+
+
 class _CancellableLM:
     """The engine's LM, checking the worker's cancel event between tokens (so a cancelled job stops inside
-    the LM, not only at its next audio chunk); closing the token stream aborts a remote request."""
+    the LM, not only at its next audio chunk); closing the token stream aborts a remote request. While it
+    waits for a token the interrupt is disarmed (see `_Interrupt`)."""
 
-    def __init__(self, lm, cancel):
-        self.lm, self.cancel = lm, cancel
+    def __init__(self, lm, cancel, interrupt: _Interrupt | None = None):
+        self.lm, self.cancel, self.interrupt = lm, cancel, interrupt
 
     def __getattr__(self, name):
         return getattr(self.lm, name)
 
     def generate(self, *args, **kwargs):
         tokens = self.lm.generate(*args, **kwargs)
+        it, armed = self.interrupt, False
         try:
-            for token in tokens:
+            while True:
+                if it is not None:
+                    armed, it.armed = it.armed, False
+                try:
+                    token = next(tokens)
+                except StopIteration:
+                    return
+                finally:
+                    if it is not None:
+                        it.armed = armed
                 if self.cancel.is_set():
                     raise Cancelled("cancelled")
                 yield token
         finally:
-            tokens.close()
+            if it is not None:
+                armed, it.armed = it.armed, False
+            try:
+                tokens.close()
+            finally:
+                if it is not None:
+                    it.armed = armed
 
 
 def _worker_main(spec: EngineSpec, conn, cancel=None, health=None) -> None:
@@ -94,6 +156,8 @@ def _worker_main(spec: EngineSpec, conn, cancel=None, health=None) -> None:
     dead-until table of the LM backends (the parent's /ready reads and writes it too). The worker ignores
     SIGINT (Ctrl-C is the parent's to handle) and ends quietly when its pipe closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if INTERRUPT is not None:  # until the engine is built: a stray interrupt must not kill the worker
+        signal.signal(INTERRUPT, signal.SIG_IGN)
     try:
         _serve(spec, conn, cancel, health)
     except (EOFError, OSError, KeyboardInterrupt):  # the parent went away or closed us: nothing to report
@@ -116,7 +180,11 @@ def _serve(spec: EngineSpec, conn, cancel, health) -> None:
     if isinstance(engine.lm, BackendPool):
         engine.lm.configure(stall_timeout=spec.llm_stall_timeout, shared_health=health)
     if cancel is not None:
-        engine.lm = _CancellableLM(engine.lm, cancel)
+        interrupt = _Interrupt(cancel)
+        if INTERRUPT is not None:
+            signal.signal(INTERRUPT, interrupt.handler)
+        engine.lm = _CancellableLM(engine.lm, cancel, interrupt)
+        engine.synthesize = interrupt.synthesize(engine.synthesize)
     conn.send(("ready", engine.sample_rate))
     while (msg := conn.recv()) is not None:
         if msg[0] == "cancel":  # for a job that has finished meanwhile
@@ -160,6 +228,7 @@ class WorkerPool:
         self._threads: list[threading.Thread] = []
         self._procs: list[mp.Process] = []
         self._conns: list = []
+        self._pids: dict = {}  # worker pipe -> its process id (to interrupt its computation)
         self._closing = False
         self._ctx = mp.get_context("spawn")
         urls = [u for u in (spec.llm_base_url or "").split(",") if u.strip()]
@@ -199,6 +268,7 @@ class WorkerPool:
         self.sample_rate = info
         self._procs.append(proc)
         self._conns.append(parent)
+        self._pids[parent] = proc.pid
         return parent, cancel
 
     def _dispatch(self, index: int, conn, cancel, ctx) -> None:
@@ -241,6 +311,11 @@ class WorkerPool:
                 cancel.set()  # seen by the worker inside the LM, between tokens
                 conn.send(("cancel", job.id))
                 cancel_sent = True
+                if INTERRUPT is not None and job.kind == "synthesize" and conn in self._pids:
+                    try:  # stops flow/HiFT within one tensor operation (see _Interrupt)
+                        os.kill(self._pids[conn], INTERRUPT)
+                    except OSError:
+                        pass
             if not conn.poll(0.05):
                 if self._closing:
                     raise EOFError
@@ -352,4 +427,4 @@ class WorkerPool:
             t.join(timeout=1)
         for conn in self._conns:
             conn.close()
-        self._procs, self._conns = [], []
+        self._procs, self._conns, self._pids = [], [], {}
