@@ -104,14 +104,15 @@ def run_path(name, model_dir, url, key, args, levels) -> list[tuple]:
 
 def flow_times(model_dir, tokens: int, cache_mb: int) -> dict:
     """Flow seconds of one streaming request (cached / recomputing) and the same utterance non-streaming."""
+    from cosy.model.files import ModelDir
     from cosy.pipeline.token2wav import FlowPrompt, load_token2wav
     from cosy.prompt.encoder import VoicePromptEncoder
-    from cosy.model.files import ModelDir
 
     f = VoicePromptEncoder(ModelDir(model_dir)).encode(PROMPT_WAV)
     ids = torch.randint(0, 6561, (1, tokens), generator=torch.Generator().manual_seed(0))
-    out = {}
-    for label, mb, key in (("stream_recompute", 0, None), ("stream_cached", cache_mb, "v"), ("stream_cached_warm", -1, "v")):
+    out, t2w = {}, None
+    runs = (("stream_recompute", 0, None), ("stream_cached", cache_mb, "v"), ("stream_cached_warm", -1, "v"))
+    for label, mb, key in runs:  # the warm run reuses the cached run's Token2Wav (its voice state)
         t2w = t2w if mb == -1 else load_token2wav(model_dir, cache_mb=mb)
         prompt = FlowPrompt(f.speech_tokens, f.mel, f.embedding, key)
         hift_s = [0.0]

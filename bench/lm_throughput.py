@@ -28,8 +28,8 @@ sys.path.insert(0, str(ROOT))
 from cosy.lm.export import llm_fingerprint, served_model_name  # noqa: E402
 from cosy.lm.model import SpeechLM  # noqa: E402
 from cosy.lm.prompt import PromptEmbedder  # noqa: E402
-from cosy.model.files import ModelDir  # noqa: E402
 from cosy.lm.remote import RemoteLM  # noqa: E402
+from cosy.model.files import ModelDir  # noqa: E402
 from cosy.verify.random_model import write_random_model  # noqa: E402
 
 

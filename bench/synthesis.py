@@ -24,8 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from cosy.pipeline.engine import Engine, SynthesisRequest  # noqa: E402
-from cosy.verify.random_model import write_random_model  # noqa: E402
 from cosy.pipeline.token2wav import FlowPrompt  # noqa: E402
+from cosy.verify.random_model import write_random_model  # noqa: E402
 
 PROMPT_WAV = ROOT / "assets" / "zero_shot_prompt.wav"
 PROMPT_TEXT = "希望你以后能够做的比我还好呦。"

@@ -11,7 +11,6 @@ Public API of the speech core:
     s = t2w.stream(prompt); chunks = s.push(new_tokens); last = s.finish()
 """
 from cosy.model.load import load_flow, load_hift
-from cosy.pipeline.token2wav import load_token2wav
-from cosy.pipeline.token2wav import FlowPrompt, Token2Wav, Token2WavStream
+from cosy.pipeline.token2wav import FlowPrompt, Token2Wav, Token2WavStream, load_token2wav
 
 __all__ = ["FlowPrompt", "Token2Wav", "Token2WavStream", "load_flow", "load_hift", "load_token2wav"]

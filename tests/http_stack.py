@@ -17,9 +17,9 @@ import pytest
 import soundfile as sf
 from conftest import ASSETS
 
+from cosy.deploy.data_dir import DataDir
 from cosy.frontend.service import FrontendService
 from cosy.service.workers import EngineSpec, WorkerPool
-from cosy.deploy.data_dir import DataDir
 
 ZS_WAV = ASSETS / "zero_shot_prompt.wav"
 ZS_TEXT = "希望你以后能够做的比我还好呦。"

@@ -19,11 +19,11 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # launch/ is not installed; spawned workers import this module too
     sys.path.insert(0, str(ROOT))
 
-from cosy.model.files import ALL_FILES, FLOW, HIFT, LLM, YAML, ModelDir, ModelDirError  # noqa: E402
-from cosy.prompt.encoder import PromptFeatures  # noqa: E402
-from cosy.deploy.voices import VoiceError  # noqa: E402
 from cosy.deploy.data_dir import DataDir  # noqa: E402
 from cosy.deploy.models import MARKER, cache_dir, resolve_model_dir, resolve_ttsfrd_dir  # noqa: E402
+from cosy.deploy.voices import VoiceError  # noqa: E402
+from cosy.model.files import ALL_FILES, FLOW, HIFT, LLM, YAML, ModelDir, ModelDirError  # noqa: E402
+from cosy.prompt.encoder import PromptFeatures  # noqa: E402
 
 MODEL_ID = "iic/CosyVoice2-0.5B"
 

@@ -11,9 +11,9 @@ import torch
 from conftest import ASSETS
 
 from cosy.audio.io import AudioError, load_prompt_wav
-from cosy.pipeline.engine import Engine, SynthesisError, SynthesisRequest
-from cosy.lm.model import SpeechLM
 from cosy.deploy.voices import VoiceError, VoiceStore
+from cosy.lm.model import SpeechLM
+from cosy.pipeline.engine import Engine, SynthesisError, SynthesisRequest
 
 ZS_WAV = ASSETS / "zero_shot_prompt.wav"
 CL_WAV = ASSETS / "cross_lingual_prompt.wav"

@@ -8,12 +8,12 @@ import json
 import time
 import uuid
 
+import av
 import httpx
 import numpy as np
 import openai
 import pytest
 import soundfile as sf
-import av
 from http_stack import KEY, MEDIUM, RATE, SHORT, ZS_TEXT, ZS_WAV, _decode, _error, _pai, _tree
 
 

@@ -8,8 +8,8 @@ import torch
 from conftest import GOLDEN, reference_shapes
 
 from cosy.hift.weights import fold_weight_norm
-from cosy.model.load import load_flow, load_hift
 from cosy.model.files import ModelDirError
+from cosy.model.load import load_flow, load_hift
 
 
 def test_mismatched_checkpoint_names_file_and_keys(tmp_path):

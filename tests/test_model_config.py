@@ -8,9 +8,9 @@ import pytest
 import torch
 from conftest import GOLDEN
 
-from cosy.model.hyperyaml import Tagged, load_hyperyaml
 from cosy.model.config import read_model_config
 from cosy.model.files import ModelDir, ModelDirError
+from cosy.model.hyperyaml import Tagged, load_hyperyaml
 
 
 def test_golden_yaml_values():

@@ -9,13 +9,11 @@ import time
 
 import numpy as np
 import pytest
-import torch
 from conftest import ASSETS
 
-from cosy.errors import JobError
+from cosy.errors import Cancelled, JobError
 from cosy.pipeline.engine import Engine, SynthesisRequest
 from cosy.service.workers import EngineSpec, WorkerPool
-from cosy.errors import Cancelled
 from cosy.speech.request import LiveRequest
 from cosy.speech.scheduler import SpeechScheduler
 

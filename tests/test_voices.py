@@ -6,8 +6,8 @@ import stat
 import pytest
 import torch
 
-from cosy.prompt.encoder import PromptFeatures
 from cosy.deploy.voices import VoiceError, VoiceStore
+from cosy.prompt.encoder import PromptFeatures
 
 
 def features() -> PromptFeatures:

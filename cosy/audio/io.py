@@ -27,9 +27,8 @@ import numpy as np
 import soundfile as sf
 import torch
 
-from cosy.errors import BadRequest
-
 from cosy.audio.resample import resample
+from cosy.errors import BadRequest
 
 MAX_PROMPT_SECONDS = 30.0
 MIN_PROMPT_SECONDS = 0.5

@@ -6,10 +6,9 @@ classifier-free guidance computed as one batch of two (conditioned, unconditione
 from __future__ import annotations
 
 import math
-
-import torch
 from collections.abc import Callable
 
+import torch
 from torch import Tensor, nn
 
 from cosy.flow.config import CFMConfig, EstimatorConfig

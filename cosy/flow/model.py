@@ -1,10 +1,10 @@
 """The flow stage, speech tokens -> mel: official `CausalMaskedDiffWithXvec` (inference only)."""
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
 from collections.abc import Callable
 
+import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from cosy.flow.config import EstimatorConfig, FlowConfig

@@ -9,11 +9,17 @@
 downloads it); `/save_voice` and `/list_voices` return JSON. Uploaded prompts are copied into the data
 dir (content-addressed), so every frontend sharing it sees them. Errors raise `gr.Error` with the
 service's message: the client raises it with that text, never with a stack trace.
+
+A caller that leaves (its event stream closed: a killed gradio_client, a raw `/gradio_api/call/<name>`
+whose GET is abandoned) cancels its job in the worker pool at once, queued or running: gradio itself only
+marks the event dead (`Event.alive`) and lets a running function finish, so each endpoint watches its own
+event (`left_watch`) and sets the job's cancel event when gradio gives it up.
 """
 # no `from __future__ import annotations`: gr.api reads the endpoint type hints as real types
 import atexit
 import html
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -140,45 +146,97 @@ def wav_file(audio: np.ndarray, sample_rate: int, stem: str) -> str:
     return str(path)
 
 
+WATCH_INTERVAL = 0.1  # seconds between looks at whether gradio still has a listener for the event
+
+
+def _own_events(blocks, request, api_name: str) -> list:
+    """gradio's running events of this request's session for endpoint `api_name` (normally one)."""
+    queue = getattr(blocks, "_queue", None)
+    session = getattr(request, "session_hash", None) if request is not None else None
+    if queue is None or not session:
+        return []
+    jobs = list(getattr(queue, "active_jobs", None) or ())
+    return [e for job in jobs if job for e in list(job)
+            if getattr(e, "session_hash", None) == session
+            and getattr(getattr(e, "fn", None), "api_name", None) == api_name]
+
+
+@contextmanager
+def left_watch(blocks, request, api_name: str) -> Iterator[threading.Event | None]:
+    """Inside: an event that is set once gradio gives up this call's event(s) (the client closed its
+    event stream; gradio sets `alive = False`), to cancel the job in the pool; None when the call did not
+    come through gradio's queue (nothing to watch)."""
+    events = _own_events(blocks, request, api_name)
+    if not events:
+        yield None
+        return
+    left, done = threading.Event(), threading.Event()
+
+    def watch() -> None:
+        while not done.wait(WATCH_INTERVAL):
+            if not any(getattr(e, "alive", True) for e in events):
+                left.set()
+                return
+
+    thread = threading.Thread(target=watch, daemon=True, name=f"watch-{api_name}")
+    thread.start()
+    try:
+        yield left
+    finally:
+        done.set()
+
+
 def _synthesize(service: FrontendService, mode: str, seed: object, speed: object, prompt_wav: object = None,
-                **fields) -> FileData:
+                cancelled: threading.Event | None = None, **fields) -> FileData:
     with user_errors(), refused_uploads_removed() as track:
         req = SynthesisRequest(mode=mode, prompt_wav=uploaded(service, prompt_wav, track),
                                seed=as_number(seed, "seed", int), speed=as_number(speed, "speed"), **fields)
-        result = service.synthesize(req, "gradio_api")
+        result = service.synthesize(req, "gradio_api", cancelled)
         return FileData(path=wav_file(result.audio, result.sample_rate, f"cosy-{mode}"))
 
 
 def register(service: FrontendService) -> None:
     """Add the API endpoints to the Blocks being built (call inside `with blocks:`)."""
+    from gradio.context import Context
+    blocks = Context.root_block  # its queue knows whether a call's client is still there
 
     def zero_shot(tts_text: str, prompt_text: str, prompt_wav: FileData, seed: int = 0,
-                  speed: float = 1.0) -> FileData:
+                  speed: float = 1.0, request: gr.Request = None) -> FileData:
         """3s极速复刻 Zero-shot clone: speak tts_text in the voice of prompt_wav (3-30 s), whose transcript
         is prompt_text. Returns a 24 kHz wav."""
-        return _synthesize(service, "zero_shot", seed, speed, prompt_wav, text=tts_text, prompt_text=prompt_text)
+        with left_watch(blocks, request, "zero_shot") as left:
+            return _synthesize(service, "zero_shot", seed, speed, prompt_wav, left, text=tts_text,
+                               prompt_text=prompt_text)
 
-    def cross_lingual(tts_text: str, prompt_wav: FileData, seed: int = 0, speed: float = 1.0) -> FileData:
+    def cross_lingual(tts_text: str, prompt_wav: FileData, seed: int = 0, speed: float = 1.0,
+                      request: gr.Request = None) -> FileData:
         """跨语种复刻 Cross-lingual: the voice of prompt_wav (any language, no transcript) speaking tts_text.
         Returns a 24 kHz wav."""
-        return _synthesize(service, "cross_lingual", seed, speed, prompt_wav, text=tts_text)
+        with left_watch(blocks, request, "cross_lingual") as left:
+            return _synthesize(service, "cross_lingual", seed, speed, prompt_wav, left, text=tts_text)
 
     def instruct(tts_text: str, instruct_text: str, prompt_wav: FileData, seed: int = 0,
-                 speed: float = 1.0) -> FileData:
+                 speed: float = 1.0, request: gr.Request = None) -> FileData:
         """自然语言控制 Instruct: the voice of prompt_wav speaking tts_text as instruct_text asks (e.g.
         用四川话说这句话, Speak slowly and softly). Returns a 24 kHz wav."""
-        return _synthesize(service, "instruct", seed, speed, prompt_wav, text=tts_text, instruct_text=instruct_text)
+        with left_watch(blocks, request, "instruct") as left:
+            return _synthesize(service, "instruct", seed, speed, prompt_wav, left, text=tts_text,
+                               instruct_text=instruct_text)
 
-    def saved_voice(tts_text: str, voice_id: str, seed: int = 0, speed: float = 1.0) -> FileData:
+    def saved_voice(tts_text: str, voice_id: str, seed: int = 0, speed: float = 1.0,
+                    request: gr.Request = None) -> FileData:
         """预设音色 Saved voice: speak tts_text with a voice saved earlier (/save_voice). Returns a 24 kHz
         wav."""
-        return _synthesize(service, "voice", seed, speed, text=tts_text, voice_id=voice_id)
+        with left_watch(blocks, request, "saved_voice") as left:
+            return _synthesize(service, "voice", seed, speed, None, left, text=tts_text, voice_id=voice_id)
 
-    def save_voice(voice_id: str, prompt_text: str, prompt_wav: FileData) -> dict:
+    def save_voice(voice_id: str, prompt_text: str, prompt_wav: FileData, request: gr.Request = None) -> dict:
         """Save prompt_wav and its transcript as voice voice_id, shared by every frontend on this data
         dir. Returns {voice_id, prompt_text, created_at}."""
-        with user_errors(), refused_uploads_removed() as track:
-            return service.save_voice(voice_id, prompt_text, uploaded(service, prompt_wav, track))
+        with left_watch(blocks, request, "save_voice") as left, user_errors(), \
+                refused_uploads_removed() as track:
+            return service.save_voice(voice_id, prompt_text, uploaded(service, prompt_wav, track),
+                                      cancelled=left)
 
     def list_voices() -> list[dict]:
         """The saved voices, newest first: [{voice_id, prompt_text, created_at}]."""

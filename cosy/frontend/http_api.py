@@ -8,7 +8,8 @@ Routes: the PAI-compatible API under /api/v1/audio (cosy.frontend.pai_api), Open
 /v1/audio/speech (cosy.frontend.openai_api), GET /health (the process is up; no key), GET /ready (models
 loaded and LM backend reachable, else 503 with the reason; no key, for load balancers), GET /metrics
 (Prometheus). With `api_key`, every other route of the app (Gradio's too: cosy.frontend.auth.KeyGate)
-needs `Authorization: Bearer <key>` (or the bare key, as PAI-EAS clients send it), else 401. Errors have one JSON shape (cosy.frontend.api_routing).
+needs `Authorization: Bearer <key>` (or the bare key, as PAI-EAS clients send it), else 401. Errors have
+one JSON shape (cosy.frontend.api_routing).
 
 Routing with Gradio at "/": a root mount matches every path, so (1) `install` must run before Gradio is
 mounted (`cosy.frontend.server.build_app` does), and (2) `ApiGate`, a middleware that looks at each

@@ -20,7 +20,6 @@ The speed applied is in the `X-Cosy-Speed` response header.
 from __future__ import annotations
 
 import base64
-import json
 import logging
 import time
 import uuid
@@ -100,7 +99,8 @@ def build_openai_router(service: FrontendService, refs: ReferenceAudios, depende
         pieces = await open_speech(service, refs, req, received, request)  # a client leaving cancels the job
         headers = {"X-Request-Id": request_id, "X-Cosy-Speed": f"{speed:g}"}
         if body.stream_format == "sse":
-            return StreamingResponse(_events(pieces, request_id, len(body.input), service.family.token_frame_rate), media_type="text/event-stream",
+            events = _events(pieces, request_id, len(body.input), service.family.token_frame_rate)
+            return StreamingResponse(events, media_type="text/event-stream",
                                      headers={**headers, "Cache-Control": "no-cache"})
         return StreamingResponse(_audio(pieces, request_id), media_type=MEDIA_TYPES[body.response_format],
                                  headers=headers)

@@ -45,8 +45,16 @@ from cosy.frontend.encoding import FORMATS
 from cosy.frontend.reference_audio import PCM_DEFAULT_RATE, ReferenceAudios
 from cosy.frontend.service import FrontendService
 from cosy.frontend.speech_stream import Piece, SpeechRequest, open_speech, until_disconnected
-from cosy.pipeline.request import (LIMIT_RANGE, PCM_RATE_RANGE, SAMPLE_RATE_RANGE, SEED_RANGE, SPEED_RANGE,
-                                   VOLUME_RANGE, SynthesisRequest, check_range)
+from cosy.pipeline.request import (
+    LIMIT_RANGE,
+    PCM_RATE_RANGE,
+    SAMPLE_RATE_RANGE,
+    SEED_RANGE,
+    SPEED_RANGE,
+    VOLUME_RANGE,
+    SynthesisRequest,
+    check_range,
+)
 
 # PAI's mode names -> ours; fast_replication uses the reference audio's stored transcript (our mode 'voice')
 MODES = {"fast_replication": "voice", "cross_lingual_replication": "cross_lingual",

@@ -21,8 +21,15 @@ from cosy.errors import CosyError
 from cosy.frontend.metrics import Metrics
 from cosy.model.family import ModelFamily
 from cosy.model.files import ModelDir
-from cosy.pipeline.request import (EMBEDDED_LM_MAX_LEN, MAX_PROMPT_TEXT_CHARS, SERVED_MODES, SynthesisError,
-                                   SynthesisRequest, check_lm_budget, check_text)
+from cosy.pipeline.request import (
+    EMBEDDED_LM_MAX_LEN,
+    MAX_PROMPT_TEXT_CHARS,
+    SERVED_MODES,
+    SynthesisError,
+    SynthesisRequest,
+    check_lm_budget,
+    check_text,
+)
 from cosy.service.workers import WorkerPool
 
 SURFACES = ("webui", "gradio_api", "pai", "openai")
@@ -98,23 +105,25 @@ class FrontendService:
             raise
         m.finished(surface, req.mode, time.monotonic() - received, seconds)
 
-    def synthesize(self, req: SynthesisRequest, surface: str) -> SynthesisResult:
-        """The whole utterance at once (non-streaming synthesis)."""
+    def synthesize(self, req: SynthesisRequest, surface: str,
+                   cancelled: threading.Event | None = None) -> SynthesisResult:
+        """The whole utterance at once (non-streaming synthesis); setting `cancelled` cancels it."""
         start = time.monotonic()
-        chunks = list(self.stream(replace(req, stream=False), surface, start))
+        chunks = list(self.stream(replace(req, stream=False), surface, start, cancelled))
         audio = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
         return SynthesisResult(audio, self.sample_rate, time.monotonic() - start)
 
     def save_voice(self, voice_id: str, prompt_text: str, prompt_wav: str | Path | None,
-                   overwrite: bool = False) -> dict:
-        """Compute a prompt's features once (in a worker) and store them as a saved voice."""
+                   overwrite: bool = False, cancelled: threading.Event | None = None) -> dict:
+        """Compute a prompt's features once (in a worker) and store them as a saved voice; setting
+        `cancelled` cancels the computation."""
         if not prompt_wav:
             raise SynthesisError("a saved voice needs a prompt audio")
         if not (prompt_text or "").strip():
             raise SynthesisError("a saved voice needs the prompt's transcript (prompt_text)")
         check_voice_id(voice_id)
         self.check_transcript(prompt_text)
-        features = self.pool.prompt_features(str(prompt_wav))
+        features = self.pool.prompt_features(str(prompt_wav), cancelled)
         v = self.data.voices.save(voice_id, prompt_text.strip(), features, overwrite=overwrite)
         return {"voice_id": v.voice_id, "prompt_text": v.prompt_text, "created_at": v.created_at}
 

@@ -183,5 +183,10 @@ async def until_disconnected(request, awaitable):
         raise ClientGone("the client disconnected; its request was cancelled")
     finally:
         watch.cancel()
-        if not work.done():
-            work.cancel()
+        if not work.done():  # we were cancelled (Starlette saw the client leave): let the work unwind
+            work.cancel()  # now, so the generator it drives is closed before the caller closes it again
+            while not work.done():
+                try:
+                    await asyncio.wait({work})
+                except asyncio.CancelledError:  # re-delivered by the cancel scope; ours propagates after
+                    pass

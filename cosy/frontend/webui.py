@@ -121,7 +121,8 @@ def build(service: FrontendService, title: str = "CosyVoice2 语音合成 · Tex
     with gr.Blocks(title="cosy · CosyVoice2", delete_cache=(600, 3600)) as blocks:
         gr.Markdown(f"# {title}\nCosyVoice2 · cosy. 24 kHz; 相同种子与输入得到相同音频 / the same seed and "
                     "inputs give the same audio.")
-        mode = gr.Radio([(label, m) for m, label in MODE_LABELS.items()], value="zero_shot", label="推理模式 Mode", elem_id="mode")
+        mode = gr.Radio([(label, m) for m, label in MODE_LABELS.items()], value="zero_shot", label="推理模式 Mode",
+                        elem_id="mode")
         mode_help = gr.Markdown(HELP["zero_shot"])
         text = gr.Textbox(label="合成文本 Text to speak", lines=3, elem_id="tts_text",
                           value="收到好友从远方寄来的生日礼物，那份意外的惊喜让我心中充满了甜蜜的快乐。")

@@ -25,8 +25,8 @@ from pathlib import Path
 from filelock import FileLock
 from safetensors.torch import save_file
 
-from cosy.model.family import ModelFamily
 from cosy.model.families.cosyvoice2 import FAMILY as COSYVOICE2
+from cosy.model.family import ModelFamily
 from cosy.model.files import ModelDir, ModelDirError
 
 WEIGHTS = "model.safetensors"

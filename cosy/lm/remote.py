@@ -24,8 +24,8 @@ from torch import Tensor
 
 from cosy.errors import Unavailable
 from cosy.lm.sampling import SamplingParams
-from cosy.model.family import ModelFamily
 from cosy.model.families.cosyvoice2 import FAMILY as COSYVOICE2
+from cosy.model.family import ModelFamily
 
 DEFAULT_STALL_TIMEOUT = 5.0  # seconds without a token; app.py's --llm_stall_timeout
 

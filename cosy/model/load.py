@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-
 from torch import nn
 
 from cosy.hift.weights import fold_weight_norm

@@ -26,15 +26,14 @@ from cosy.lm.export import llm_fingerprint, served_model_name
 from cosy.lm.pool import connect
 from cosy.lm.prompt import PromptEmbedder
 from cosy.lm.sampling import SamplingParams
-from cosy.pipeline.token2wav import load_token2wav
 from cosy.model.families.cosyvoice2 import FAMILY as COSYVOICE2
 from cosy.model.family import ModelFamily, import_object
 from cosy.model.files import ModelDir
 from cosy.pipeline.request import SynthesisError, SynthesisRequest
+from cosy.pipeline.token2wav import FlowPrompt, Token2Wav, load_token2wav
 from cosy.prompt.encoder import PromptFeatures, VoicePromptEncoder
 from cosy.text.frontend import TextFrontend
 from cosy.text.tokenizer import ENDOFPROMPT_ID, TextTokenizer
-from cosy.pipeline.token2wav import FlowPrompt, Token2Wav
 
 log = logging.getLogger(__name__)
 

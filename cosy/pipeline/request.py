@@ -173,7 +173,8 @@ def lm_tokens_needed(req: "SynthesisRequest", prompt_speech_tokens: int = 0) -> 
     """A lower bound of what one LM call of `req` holds: the fixed tokens, the prompt text (the transcript
     in zero_shot/voice, the instruction in instruct) and the prompt's speech tokens, and one short sentence
     of the text with its longest speech."""
-    prompt = req.instruct_text if req.mode == "instruct" else req.prompt_text if req.mode in ("zero_shot", "voice") else ""
+    prompt = (req.instruct_text if req.mode == "instruct"
+              else req.prompt_text if req.mode in ("zero_shot", "voice") else "")
     sentence = min(len(speakable(req.text or "")), LM_SENTENCE_TOKENS)
     return LM_FIXED_TOKENS + len(prompt or "") + prompt_speech_tokens + sentence * (1 + LM_SPEECH_PER_TEXT_TOKEN)
 

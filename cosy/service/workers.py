@@ -6,8 +6,10 @@ the one-request-at-a-time loop), so `--workers N` serves N x max_batch requests.
 queue; a worker with a free slot takes the oldest. Past `max_queue` waiting jobs, `submit` refuses at once with
 `QueueFull` (the HTTP layer answers 429 with Retry-After) instead of letting callers hang. A caller that
 goes away cancels its job wherever it is: a waiting job leaves the queue at once (it no longer counts in
-`waiting`), a running one stops at its next LM token or audio chunk (a remote LM request is aborted); the
-worker learns it through its pipe (and, at max_batch 1, a shared event, so it stops even inside the LM).
+`waiting`), a running one stops at its next LM token (a remote LM request is aborted); at max_batch 1
+also inside flow/HiFT, within one tensor operation: the worker learns it through a shared event (seen
+between tokens and chunks) and a signal (SIGUSR1) that interrupts the engine's computation. At max_batch
+> 1 the speech scheduler (`cosy.speech`) frees the slot at once and skips the request's queued work.
 """
 from __future__ import annotations
 
@@ -16,7 +18,6 @@ import logging
 import multiprocessing as mp
 import os
 import queue
-import signal
 import threading
 import time
 from collections import deque
@@ -28,6 +29,7 @@ import numpy as np
 from cosy.errors import Busy, Cancelled, JobError
 from cosy.pipeline.request import SynthesisRequest
 from cosy.prompt.encoder import PromptFeatures
+from cosy.service.process import INTERRUPT, EngineSpec, worker_main
 
 log = logging.getLogger(__name__)
 
@@ -39,21 +41,6 @@ class QueueFull(Busy):
 
 
 @dataclass
-class EngineSpec:
-    """How a worker builds its Engine (picklable: it crosses into the worker process)."""
-
-    model_dir: str
-    device: str = "cpu"
-    ttsfrd_dir: str | None = None
-    llm_base_url: str | None = None
-    llm_api_key: str | None = None
-    threads: int | None = None
-    llm_stall_timeout: float | None = None  # seconds without an LM token before the backend counts as stalled
-    max_batch: int = 1  # live requests per worker process (1: the old one-request-at-a-time loop)
-    cache_mb: int = 0  # streaming flow state budget (cosy.speech.cache); 0 recomputes every prefix
-
-
-@dataclass
 class Job:
     id: int
     kind: str  # "synthesize" (payload: SynthesisRequest.to_wire()) or "features" (payload: {"source": path})
@@ -61,93 +48,6 @@ class Job:
     out: queue.Queue = field(default_factory=queue.Queue)  # ("chunk"|"result"|"done"|"error", data)
     cancelled: threading.Event = field(default_factory=threading.Event)
     submitted: float = field(default_factory=time.monotonic)
-
-
-class _CancellableLM:
-    """The engine's LM, checking the worker's cancel event between tokens (so a cancelled job stops inside
-    the LM, not only at its next audio chunk); closing the token stream aborts a remote request."""
-
-    def __init__(self, lm, cancel):
-        self.lm, self.cancel = lm, cancel
-
-    def __getattr__(self, name):
-        return getattr(self.lm, name)
-
-    def generate(self, *args, **kwargs):
-        tokens = self.lm.generate(*args, **kwargs)
-        try:
-            for token in tokens:
-                if self.cancel.is_set():
-                    raise Cancelled("cancelled")
-                yield token
-        finally:
-            tokens.close()
-
-
-def _worker_main(spec: EngineSpec, conn, cancel=None, health=None, prepare=None) -> None:
-    """Worker process: build the engine (`prepare(engine)` may adjust it: benchmarks fix the token count),
-    then run its jobs: one at a time (max_batch 1) or up to max_batch at once (`cosy.speech.worker`).
-
-    `cancel`: an event the dispatcher sets when the running job's caller went away (max_batch 1); `health`:
-    the shared dead-until table of the LM backends (the parent's /ready reads and writes it too). The
-    worker ignores SIGINT (Ctrl-C is the parent's to handle) and ends quietly when its pipe closes."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        _serve(spec, conn, cancel, health, prepare)
-    except (EOFError, OSError, KeyboardInterrupt):  # the parent went away or closed us: nothing to report
-        pass
-
-
-def _serve(spec: EngineSpec, conn, cancel, health, prepare) -> None:
-    import torch
-
-    from cosy.lm.pool import BackendPool
-    from cosy.pipeline.engine import Engine
-
-    torch.set_num_threads(spec.threads or max(1, (os.cpu_count() or 1)))
-    try:
-        engine = Engine.from_model_dir(spec.model_dir, device=spec.device, ttsfrd_dir=spec.ttsfrd_dir,
-                                       llm_base_url=spec.llm_base_url, llm_api_key=spec.llm_api_key,
-                                       cache_mb=spec.cache_mb)
-    except Exception as e:  # reported to the parent, which refuses to start
-        conn.send(("failed", f"{type(e).__name__}: {e}"))
-        return
-    if isinstance(engine.lm, BackendPool):
-        engine.lm.configure(stall_timeout=spec.llm_stall_timeout, shared_health=health)
-    if prepare is not None:
-        prepare(engine)
-    if spec.max_batch > 1:  # many live requests, their flow/HiFT work scheduled (cosy.speech)
-        from cosy.speech.worker import serve
-        conn.send(("ready", engine.sample_rate))
-        serve(engine, conn)
-        return
-    if cancel is not None:
-        engine.lm = _CancellableLM(engine.lm, cancel)
-    conn.send(("ready", engine.sample_rate))
-    while (msg := conn.recv()) is not None:
-        if msg[0] == "cancel":  # for a job that has finished meanwhile
-            continue
-        job_id, kind, payload = msg
-        try:
-            if kind == "features":
-                conn.send(("result", job_id, engine.prompt_features(payload["source"]).to_arrays()))
-            else:
-                chunks = engine.synthesize(SynthesisRequest.from_wire(payload))
-                try:
-                    for chunk in chunks:
-                        if cancel is not None and cancel.is_set():
-                            break
-                        conn.send(("chunk", job_id, chunk.numpy()))
-                        if conn.poll() and conn.recv() == ("cancel", job_id):
-                            break
-                finally:
-                    chunks.close()
-            conn.send(("done", job_id, None))
-        except Cancelled:
-            conn.send(("done", job_id, None))  # nobody listens any more
-        except Exception as e:
-            log.debug("job %s failed", job_id, exc_info=True)
-            conn.send(("error", job_id, JobError.wire(e)))
 
 
 class WorkerPool:
@@ -167,6 +67,7 @@ class WorkerPool:
         self._threads: list[threading.Thread] = []
         self._procs: list[mp.Process] = []
         self._conns: list = []
+        self._pids: dict = {}  # worker pipe -> its process id (to interrupt its computation)
         self._closing = False
         self._ctx = mp.get_context("spawn")
         urls = [u for u in (spec.llm_base_url or "").split(",") if u.strip()]
@@ -193,7 +94,7 @@ class WorkerPool:
         spec = self.spec
         if spec.threads is None:  # share the cores between the workers
             spec = EngineSpec(**{**vars(spec), "threads": max(1, (os.cpu_count() or 1) // self.n_workers)})
-        proc = ctx.Process(target=_worker_main, args=(spec, child, cancel, self.backend_health, self.worker_prepare),
+        proc = ctx.Process(target=worker_main, args=(spec, child, cancel, self.backend_health, self.worker_prepare),
                            daemon=True)
         proc.start()
         child.close()
@@ -208,6 +109,7 @@ class WorkerPool:
         self.sample_rate = info
         self._procs.append(proc)
         self._conns.append(parent)
+        self._pids[parent] = proc.pid
         return parent, cancel
 
     def _dispatch(self, index: int, conn, cancel, ctx) -> None:
@@ -237,6 +139,7 @@ class WorkerPool:
                     if job.cancelled.is_set() and job_id not in cancel_sent:
                         if self.max_batch == 1:
                             cancel.set()  # seen by the worker inside the LM, between tokens
+                            self._interrupt(conn, job)
                         conn.send(("cancel", job_id))
                         cancel_sent.add(job_id)
                 if not conn.poll(0.02):
@@ -265,6 +168,14 @@ class WorkerPool:
                 except RuntimeError:
                     log.exception("worker %d could not be restarted", index)
                     return
+
+    def _interrupt(self, conn, job: Job) -> None:
+        """Stop a max_batch-1 worker's flow/HiFT computation now (see _Interrupt)."""
+        if INTERRUPT is not None and job.kind == "synthesize" and conn in self._pids:
+            try:
+                os.kill(self._pids[conn], INTERRUPT)
+            except OSError:
+                pass
 
     def _finished(self, started: float) -> None:
         with self._lock:
@@ -371,4 +282,4 @@ class WorkerPool:
             t.join(timeout=1)
         for conn in self._conns:
             conn.close()
-        self._procs, self._conns = [], []
+        self._procs, self._conns, self._pids = [], [], {}

@@ -11,9 +11,8 @@ from __future__ import annotations
 import logging
 import threading
 
-from cosy.errors import JobError
+from cosy.errors import Cancelled, JobError
 from cosy.pipeline.request import SynthesisRequest
-from cosy.errors import Cancelled
 from cosy.speech.request import LiveRequest
 from cosy.speech.scheduler import SpeechScheduler
 
@@ -21,7 +20,7 @@ log = logging.getLogger(__name__)
 
 
 def serve(engine, conn) -> None:
-    """Answer the dispatcher's messages until it sends None (the pipe protocol of `_worker_main`)."""
+    """Answer the dispatcher's messages until it sends None (the pipe protocol of `cosy.service.process`)."""
     scheduler = SpeechScheduler()
     engine.speech_runner = scheduler.run
     send_lock = threading.Lock()

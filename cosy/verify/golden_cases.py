@@ -17,8 +17,8 @@ from torch import Tensor
 from cosy.audio.features import flow_mel, kaldi_fbank, whisper_log_mel
 from cosy.audio.io import load_prompt_wav
 from cosy.lm.model import SpeechLM
-from cosy.model.load import load_flow, load_hift
 from cosy.model.files import ModelDir
+from cosy.model.load import load_flow, load_hift
 from cosy.text.frontend import TextFrontend
 from cosy.text.tokenizer import TextTokenizer
 

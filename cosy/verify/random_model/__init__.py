@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from cosy.hift.generator import HiFTGenerator
 from cosy.hift.weights import unfold_weight_norm, weight_normed_keys
 from cosy.model.config import read_model_config
 from cosy.model.families.cosyvoice2 import FAMILY

@@ -1,0 +1,187 @@
+"""What runs inside one synthesis worker process: the engine, and the loop that answers the pool's messages.
+
+Messages from the pool (`cosy.service.workers.WorkerPool`) over a Pipe: `(job_id, kind, payload)` starts a
+job, `("cancel", job_id)` cancels one, `None` ends the process. Answers: `("ready", sample_rate)` or
+`("failed", why)` once at start, then `("chunk"|"result"|"done"|"error", job_id, data)`. At max_batch 1 the
+worker runs one job at a time here; above, `cosy.speech.worker.serve` holds many.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from dataclasses import dataclass
+
+from cosy.errors import Cancelled, JobError
+from cosy.pipeline.request import SynthesisRequest
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EngineSpec:
+    """How a worker builds its Engine (picklable: it crosses into the worker process)."""
+
+    model_dir: str
+    device: str = "cpu"
+    ttsfrd_dir: str | None = None
+    llm_base_url: str | None = None
+    llm_api_key: str | None = None
+    threads: int | None = None
+    llm_stall_timeout: float | None = None  # seconds without an LM token before the backend counts as stalled
+    max_batch: int = 1  # live requests per worker process (1: the old one-request-at-a-time loop)
+    cache_mb: int = 0  # streaming flow state budget (cosy.speech.cache); 0 recomputes every prefix
+
+
+INTERRUPT = getattr(signal, "SIGUSR1", None)  # the dispatcher's "stop computing now" (POSIX)
+
+
+class _Interrupted(BaseException):
+    """Raised by the SIGUSR1 handler inside the engine's computation (a BaseException: no `except
+    Exception` on the way swallows it); becomes `Cancelled`."""
+
+
+class _Interrupt:
+    """Where the worker's main thread is: `armed` while the engine computes (flow, HiFT, text) for a job
+    that may be cancelled, not while it waits for an LM token (its client, pool counters and locks must
+    not be torn mid-way: the cancel event is checked after each token) nor while it talks to the parent."""
+
+    def __init__(self, cancel):
+        self.cancel, self.armed = cancel, False
+
+    def handler(self, signum, frame) -> None:
+        if self.armed and self.cancel.is_set():
+            self.armed = False
+            raise _Interrupted()
+
+    def synthesize(self, synthesize):
+        """Wrap `engine.synthesize`: each next chunk is computed armed; Cancelled if interrupted."""
+        def wrapped(*args, **kwargs):
+            chunks = synthesize(*args, **kwargs)
+            try:
+                while True:
+                    self.armed = True
+                    try:
+                        if self.cancel.is_set():  # (a signal sent before we armed is not lost)
+                            raise _Interrupted()
+                        chunk = next(chunks)
+                    except StopIteration:
+                        return
+                    except _Interrupted:
+                        raise Cancelled("cancelled") from None
+                    finally:
+                        self.armed = False
+                    yield chunk
+            finally:
+                chunks.close()
+        return wrapped
+
+
+class _CancellableLM:
+    """The engine's LM, checking the worker's cancel event between tokens (so a cancelled job stops inside
+    the LM, not only at its next audio chunk); closing the token stream aborts a remote request. While it
+    waits for a token the interrupt is disarmed (see `_Interrupt`)."""
+
+    def __init__(self, lm, cancel, interrupt: _Interrupt | None = None):
+        self.lm, self.cancel, self.interrupt = lm, cancel, interrupt
+
+    def __getattr__(self, name):
+        return getattr(self.lm, name)
+
+    def generate(self, *args, **kwargs):
+        tokens = self.lm.generate(*args, **kwargs)
+        it, armed = self.interrupt, False
+        try:
+            while True:
+                if it is not None:
+                    armed, it.armed = it.armed, False
+                try:
+                    token = next(tokens)
+                except StopIteration:
+                    return
+                finally:
+                    if it is not None:
+                        it.armed = armed
+                if self.cancel.is_set():
+                    raise Cancelled("cancelled")
+                yield token
+        finally:
+            if it is not None:
+                armed, it.armed = it.armed, False
+            try:
+                tokens.close()
+            finally:
+                if it is not None:
+                    it.armed = armed
+
+
+def worker_main(spec: EngineSpec, conn, cancel=None, health=None, prepare=None) -> None:
+    """Worker process: build the engine (`prepare(engine)` may adjust it: benchmarks fix the token count),
+    then run its jobs: one at a time (max_batch 1) or up to max_batch at once (`cosy.speech.worker`).
+
+    `cancel`: an event the dispatcher sets when the running job's caller went away (max_batch 1); `health`:
+    the shared dead-until table of the LM backends (the parent's /ready reads and writes it too). The
+    worker ignores SIGINT (Ctrl-C is the parent's to handle) and ends quietly when its pipe closes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if INTERRUPT is not None:  # until the engine is built: a stray interrupt must not kill the worker
+        signal.signal(INTERRUPT, signal.SIG_IGN)
+    try:
+        _serve(spec, conn, cancel, health, prepare)
+    except (EOFError, OSError, KeyboardInterrupt):  # the parent went away or closed us: nothing to report
+        pass
+
+
+def _serve(spec: EngineSpec, conn, cancel, health, prepare) -> None:
+    import torch
+
+    from cosy.lm.pool import BackendPool
+    from cosy.pipeline.engine import Engine
+
+    torch.set_num_threads(spec.threads or max(1, (os.cpu_count() or 1)))
+    try:
+        engine = Engine.from_model_dir(spec.model_dir, device=spec.device, ttsfrd_dir=spec.ttsfrd_dir,
+                                       llm_base_url=spec.llm_base_url, llm_api_key=spec.llm_api_key,
+                                       cache_mb=spec.cache_mb)
+    except Exception as e:  # reported to the parent, which refuses to start
+        conn.send(("failed", f"{type(e).__name__}: {e}"))
+        return
+    if isinstance(engine.lm, BackendPool):
+        engine.lm.configure(stall_timeout=spec.llm_stall_timeout, shared_health=health)
+    if prepare is not None:
+        prepare(engine)
+    if spec.max_batch > 1:  # many live requests, their flow/HiFT work scheduled (cosy.speech)
+        from cosy.speech.worker import serve
+        conn.send(("ready", engine.sample_rate))
+        serve(engine, conn)
+        return
+    if cancel is not None:
+        interrupt = _Interrupt(cancel)
+        if INTERRUPT is not None:
+            signal.signal(INTERRUPT, interrupt.handler)
+        engine.lm = _CancellableLM(engine.lm, cancel, interrupt)
+        engine.synthesize = interrupt.synthesize(engine.synthesize)
+    conn.send(("ready", engine.sample_rate))
+    while (msg := conn.recv()) is not None:
+        if msg[0] == "cancel":  # for a job that has finished meanwhile
+            continue
+        job_id, kind, payload = msg
+        try:
+            if kind == "features":
+                conn.send(("result", job_id, engine.prompt_features(payload["source"]).to_arrays()))
+            else:
+                chunks = engine.synthesize(SynthesisRequest.from_wire(payload))
+                try:
+                    for chunk in chunks:
+                        if cancel is not None and cancel.is_set():
+                            break
+                        conn.send(("chunk", job_id, chunk.numpy()))
+                        if conn.poll() and conn.recv() == ("cancel", job_id):
+                            break
+                finally:
+                    chunks.close()
+            conn.send(("done", job_id, None))
+        except Cancelled:
+            conn.send(("done", job_id, None))  # nobody listens any more
+        except Exception as e:
+            log.debug("job %s failed", job_id, exc_info=True)
+            conn.send(("error", job_id, JobError.wire(e)))
