@@ -55,7 +55,12 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                    help="read the key from this file (trailing newline stripped; keeps it out of ps)")
     p.add_argument("--no_api_key", action="store_true", help="serve without authentication")
     p.add_argument("--dtype", default=None, help="float32 on CPU, bfloat16 on GPU by default")
-    p.add_argument("--gpu_memory_utilization", type=float, default=None)
+    p.add_argument("--gpu_memory_utilization", type=float, default=None,
+                   help="fraction of GPU memory vLLM may take (vLLM's own default, about 0.9, starves frontends "
+                        "on the same GPU); default: none, the KV cache is sized by --kv_cache_gib instead")
+    p.add_argument("--kv_cache_gib", type=float, default=None,
+                   help="GPU KV cache in GiB (vLLM --kv-cache-memory-bytes); default: what max_num_seqs sequences "
+                        "of max_model_len tokens need (about 3 GiB for CosyVoice2 in bfloat16 at 64 x 4096)")
     p.add_argument("--max_num_seqs", type=int, default=None, help="16 on CPU, 64 on GPU by default")
     p.add_argument("--max_model_len", type=int, default=None, help="2048 on CPU, 4096 on GPU by default")
     p.add_argument("--cache_dir", default=None, help="writable export cache (default $COSY_CACHE or ~/.cache/cosy)")
@@ -76,6 +81,15 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return args, extra
 
 
+def kv_cache_bytes(export_dir: Path, dtype: str, max_num_seqs: int, max_model_len: int) -> int:
+    """KV cache bytes for max_num_seqs full-length sequences of the exported LM (its config.json), +10 %."""
+    cfg = json.loads((Path(export_dir) / "config.json").read_text())
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    kv_heads = cfg.get("num_key_value_heads", cfg["num_attention_heads"])
+    per_token = 2 * cfg["num_hidden_layers"] * kv_heads * head_dim * (4 if dtype in ("float32", "float") else 2)
+    return int(1.1 * per_token * max_num_seqs * max_model_len)
+
+
 def vllm_command(args: argparse.Namespace, export_dir: Path, name: str, gpu: bool,
                  extra: list[str]) -> tuple[list[str], dict[str, str]]:
     """The child's argv and environment. The key travels in the environment, never on a command line."""
@@ -90,6 +104,12 @@ def vllm_command(args: argparse.Namespace, export_dir: Path, name: str, gpu: boo
            "--logits-processors", LOGITS_PROCESSOR]
     if args.gpu_memory_utilization is not None:
         cmd += ["--gpu-memory-utilization", str(args.gpu_memory_utilization)]
+    if gpu and (args.kv_cache_gib is not None or args.gpu_memory_utilization is None):
+        # a fixed KV budget instead of a share of the GPU: the weights (1 GiB) plus this is all vLLM takes
+        size = (int(args.kv_cache_gib * 2 ** 30) if args.kv_cache_gib is not None else
+                kv_cache_bytes(export_dir, cmd[cmd.index("--dtype") + 1], int(cmd[cmd.index("--max-num-seqs") + 1]),
+                               int(cmd[cmd.index("--max-model-len") + 1])))
+        cmd += ["--kv-cache-memory-bytes", str(size)]
     if not gpu:
         cmd.append("--enforce-eager")  # torch.compile on CPU costs minutes at start for little gain
     env = dict(os.environ, PYTHONUNBUFFERED="1")

@@ -59,8 +59,9 @@ class CausalConditionalCFM(nn.Module):
         n = mu.size(2)
         if n > self.rand_noise.size(2):
             raise ValueError(f"flow input of {n} frames exceeds the fixed noise ({self.rand_noise.size(2)} frames)")
-        x = self.rand_noise[:, :, :n].to(device=mu.device, dtype=mu.dtype)
-        t_span = self.time_span(mu.device, mu.dtype)
+        # the ODE state and time steps stay float32 when the estimator runs in half precision
+        x = self.rand_noise[:, :, :n].to(device=mu.device, dtype=torch.float32)
+        t_span = self.time_span(mu.device, torch.float32)
         rate = self.cfg.inference_cfg_rate
 
         # CFG batch: row 0 conditioned, row 1 with mu, spks and cond zeroed.
@@ -71,7 +72,8 @@ class CausalConditionalCFM(nn.Module):
         # Same accumulation as the official solver: t advances by dt, dt is re-derived from t_span.
         t, dt = t_span[0], t_span[1] - t_span[0]
         for step in range(1, len(t_span)):
-            v = self.estimator(torch.cat([x, x]), mu_in, t.expand(2), spks_in, cond_in, streaming)
+            v = self.estimator(torch.cat([x, x]).to(mu.dtype), mu_in, t.expand(2).to(mu.dtype), spks_in, cond_in,
+                               streaming).float()
             v_cond, v_uncond = v[:1], v[1:]
             x = x + dt * ((1.0 + rate) * v_cond - rate * v_uncond)
             t = t + dt

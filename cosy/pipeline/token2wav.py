@@ -78,13 +78,13 @@ class MelStretcher:
             stop = max(self.emitted, math.ceil((total - 0.5) / self.speed - 0.5))
             while stop > self.emitted and math.floor(max((stop - 0.5) * self.speed - 0.5, 0)) + 1 >= total:
                 stop -= 1
-        j = torch.arange(self.emitted, stop, dtype=torch.float64)
+        j = torch.arange(self.emitted, stop, dtype=torch.float64, device=mel.device)
         x = ((j + 0.5) * self.speed - 0.5).clamp(min=0)
         i0 = x.floor().long().clamp(max=total - 1)
         i1 = (i0 + 1).clamp(max=total - 1)
         lam = (x - i0).to(mel.dtype)
         f = self.frames
-        out = f[:, :, i0 - self.base] * (1 - lam) + f[:, :, i1 - self.base] * lam
+        out = f.index_select(2, i0 - self.base) * (1 - lam) + f.index_select(2, i1 - self.base) * lam
         self.emitted = stop
         # keep frames still needed by the next output frame
         keep_from = min(int(max((stop + 0.5) * self.speed - 0.5, 0)), total - 1)
@@ -107,7 +107,8 @@ class Token2Wav:
         self.samples_per_frame = math.prod(hift.cfg.upsample_rates) * hift.cfg.istft_hop_len  # 480
         self.source_cache_len = MEL_CACHE_FRAMES * self.samples_per_frame  # 3840
         # np.hamming (symmetric), as the official crossfade uses
-        self.window = torch.hamming_window(2 * self.source_cache_len, periodic=False, dtype=torch.float64).float()
+        self.window = torch.hamming_window(2 * self.source_cache_len, periodic=False,
+                                           dtype=torch.float64).float().to(self.device)
 
     @property
     def sample_rate(self) -> int:
@@ -151,7 +152,10 @@ class Token2WavStream:
     """Per-request streaming state: tokens so far, chunk offset, HiFT cache, speed stretcher."""
 
     def __init__(self, t2w: Token2Wav, prompt: FlowPrompt, speed: float, generator: torch.Generator):
-        self.t2w, self.prompt, self.generator = t2w, prompt, generator
+        self.t2w, self.generator = t2w, generator
+        # on the device once per stream, not once per chunk (the flow's .to() calls are then no-ops)
+        self.prompt = FlowPrompt(*(x.to(t2w.device) for x in (prompt.tokens, prompt.mel, prompt.embedding)))
+        self.window = t2w.window.to(t2w.device)
         self.tokens: list[int] = []
         self.offset = 0  # tokens already turned into audio
         self.hop = t2w.hop_len
@@ -250,7 +254,7 @@ class Token2WavStream:
             return torch.zeros(0)
         speech, source = t2w.hift.inference(mel, cache_source=cache_source, generator=self.generator)
         if self.cache is not None:
-            speech = crossfade(speech, self.cache[2], t2w.window.to(speech))
+            speech = crossfade(speech, self.cache[2], self.window.to(speech))
         if not finalize:
             n = t2w.source_cache_len
             self.cache = (mel[:, :, -MEL_CACHE_FRAMES:], source[:, :, -n:], speech[:, -n:])

@@ -9,6 +9,7 @@ encoder) runs on CUDA when this onnxruntime build has it, as in the official cod
 """
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -18,7 +19,12 @@ import torch
 
 from cosy.model.files import ModelDirError
 
+log = logging.getLogger(__name__)
 EMBED_DIM = 192
+# CUDA provider: grow the arena only as needed (the flow and HiFT share the GPU), exhaustive cuDNN
+# convolution search once per shape, copies on the compute stream
+CUDA_OPTIONS = {"arena_extend_strategy": "kSameAsRequested", "cudnn_conv_algo_search": "EXHAUSTIVE",
+                "do_copy_in_default_stream": True}
 MAX_TOKENIZER_FRAMES = 3000  # 30 s of 100 Hz Whisper frames: the encoder's positional range
 
 
@@ -36,13 +42,23 @@ def _session(path: Path, threads: int, providers: list[str]) -> ort.InferenceSes
     opts.log_severity_level = 3  # errors only: the real files make ORT warn about unused initialisers
     available = set(ort.get_available_providers())
     chosen = [p for p in providers if p in available] or ["CPUExecutionProvider"]
+    want_cuda = "CUDAExecutionProvider" in providers and torch.cuda.is_available()
+    if want_cuda and "CUDAExecutionProvider" not in available:
+        log.warning("%s runs on the CPU: a CUDA GPU is there but this onnxruntime has no CUDA provider "
+                    "(install onnxruntime-gpu instead of onnxruntime: requirements/frontend-gpu.txt)", path.name)
     if not path.is_file():
         raise ModelDirError(f"{path} is missing: the model directory needs it")
+    with_options = [(p, CUDA_OPTIONS) if p == "CUDAExecutionProvider" else p for p in chosen]
     try:
-        return ort.InferenceSession(str(path), sess_options=opts, providers=chosen)
+        session = ort.InferenceSession(str(path), sess_options=opts, providers=with_options)
     except Exception as e:  # InvalidProtobuf, truncated file, unsupported op ...
         raise ModelDirError(f"{path} is corrupt or not an ONNX model onnxruntime can load "
                             f"({type(e).__name__}: {e})") from None
+    if "CUDAExecutionProvider" in chosen and "CUDAExecutionProvider" not in session.get_providers():
+        # onnxruntime-gpu falls back to the CPU silently when CUDA/cuDNN libraries fail to load
+        log.warning("%s runs on the CPU: onnxruntime's CUDA provider failed to start (CUDA 12 / cuDNN 9 "
+                    "libraries missing or mismatched?); providers in use: %s", path.name, session.get_providers())
+    return session
 
 
 class SpeechTokenizer:

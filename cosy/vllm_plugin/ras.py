@@ -22,10 +22,17 @@ Each request's history is the live `output_tok_ids` list vLLM hands over in `Bat
 async scheduling (vLLM's default on GPUs) that list holds -1 placeholders unless vLLM knows a custom
 processor needs the ids: it knows only for processors named by `--logits-processors`, which is why
 `cosy.deploy.backend` loads this class that way instead of through the `vllm.logits_processors` entry point.
+
+`apply` handles the whole batch in one pass on the logits' device (`cosy.lm.ras_batch.ras_logprobs_batch`):
+each RAS request's last win_size outputs live in a device ring buffer (`CosyLogitsProcessor.history`, one row
+per request slot, so batch moves touch no device memory), fed incrementally with the ids vLLM appended since
+the previous step. Per step the host sends one small int64 tensor (the min_len flags and the new ids, pinned
+and non-blocking on CUDA) and reads nothing back. `apply_rows` is the former row-by-row loop (`ras_logprobs`),
+kept as the reference for tests and `bench/ras_step.py`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -34,6 +41,7 @@ from vllm.config import VllmConfig
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
 from vllm.v1.sample.logits_processor.builtin import process_dict_updates
 
+from cosy.lm.ras_batch import ras_logprobs_batch
 from cosy.lm.sampling import SamplingParams, _nucleus, _repeated, _scores
 from cosy.model import families
 from cosy.model.family import ModelFamily, SpeechTokens
@@ -49,6 +57,9 @@ class CosyRequest:
     min_len: int
     ras: SamplingParams | None  # None: only the min_len mask
     ignore_stop: bool = False
+    slot: int = -1  # row of CosyLogitsProcessor.history (RAS requests)
+    seen: int = field(default=0, repr=False)  # outputs already copied into the history
+    fresh: bool = field(default=True, repr=False)  # its history row must be cleared first
 
 
 def _number(args: dict, key: str, kind: type, default, lo: float, hi: float = float("inf")):
@@ -151,20 +162,112 @@ class CosyLogitsProcessor(LogitsProcessor):
     def __init__(self, vllm_config: VllmConfig, device: torch.device, is_pin_memory: bool):
         self.requests: dict[int, CosyRequest] = {}  # batch row -> state
         self.tokens = served_family(vllm_config.model_config.hf_config).tokens
-        self.stop = torch.tensor(self.tokens.stop, device=device)  # index of the ignore_stop mask
+        self.device = torch.device(device)
+        self.pin = bool(is_pin_memory) and self.device.type == "cuda"
+        self.stop = torch.tensor(self.tokens.stop, device=self.device)  # index of the ignore_stop mask
+        # ring buffer of each RAS request's last win_size outputs (-1: empty), one row per slot
+        self.history = torch.full((8, 1), -1, dtype=torch.int64, device=self.device)
+        self._free: list[int] = list(range(8))[::-1]
+        self._layout: dict | None = None  # device row indices and parameters, rebuilt when the batch changes
 
     def is_argmax_invariant(self) -> bool:
         return False  # the eos mask changes greedy picks
 
-    @staticmethod
-    def _new(params: VllmSamplingParams, prompt_ids: list[int] | None, output: list[int]) -> CosyRequest | None:
+    def _new(self, params: VllmSamplingParams, prompt_ids: list[int] | None, output: list[int]) -> CosyRequest | None:
         parsed = parse_request(params)
-        return None if parsed is None else CosyRequest(output, *parsed)
+        if parsed is None:
+            return None
+        req = CosyRequest(output, *parsed)
+        if req.ras is not None:
+            if not self._free:  # twice the slots, same ring width
+                n = self.history.shape[0]
+                self.history = torch.cat([self.history, torch.full_like(self.history, -1)])
+                self._free = list(range(2 * n - 1, n - 1, -1))
+            req.slot = self._free.pop()
+        return req
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:
+        if batch_update is None:
+            return
         process_dict_updates(self.requests, batch_update, self._new)
+        live = {r.slot for r in self.requests.values() if r.slot >= 0}
+        in_use = set(range(self.history.shape[0])) - set(self._free)
+        self._free.extend(sorted(in_use - live, reverse=True))
+        self._layout = None
+
+    def _build_layout(self) -> dict:
+        """Row groups (ignore_stop, min_len only, RAS) and the RAS rows' parameters as device tensors."""
+        dev, reqs = self.device, sorted(self.requests.items())
+        ras = [(row, r) for row, r in reqs if r.ras is not None]
+        plain = [(row, r) for row, r in reqs if r.ras is None and r.min_len > 0]
+        width = max([r.ras.win_size for _, r in ras] + [1])
+        if width > self.history.shape[1]:  # wider ring: pad (old rows keep their positions < their win)
+            pad = torch.full((self.history.shape[0], width - self.history.shape[1]), -1, dtype=torch.int64,
+                             device=dev)
+            self.history = torch.cat([self.history, pad], dim=1)
+        ids = lambda rows: torch.tensor(rows, dtype=torch.int64, device=dev)  # noqa: E731
+        return {
+            "ignore": ids([row for row, r in reqs if r.ignore_stop]),
+            "plain": ids([row for row, _ in plain]), "plain_reqs": [r for _, r in plain],
+            "ras": ids([row for row, _ in ras]), "ras_reqs": [r for _, r in ras],
+            "slots": ids([r.slot for _, r in ras]),
+            "top_p": torch.tensor([r.ras.top_p for _, r in ras], dtype=torch.float32, device=dev),
+            "top_k": ids([r.ras.top_k for _, r in ras]),
+            "threshold": torch.tensor([r.ras.win_size * r.ras.tau_r for _, r in ras], dtype=torch.float64,
+                                      device=dev),
+            "max_top_k": max([r.ras.top_k for _, r in ras] + [1]),
+        }
+
+    def _send(self, lay: dict) -> tuple[Tensor, Tensor]:
+        """The step's host data in one copy: min_len flags of the plain and RAS rows, then the history
+        updates (slots to clear, then slot, position, id of each new output). Returns (plain flags, RAS
+        flags) on the device, the history updated."""
+        plain, ras = lay["plain_reqs"], lay["ras_reqs"]
+        flags = [len(r.output) < r.min_len for r in plain] + [len(r.output) < r.min_len for r in ras]
+        clear, slots, pos, toks = [], [], [], []
+        for r in ras:
+            n, win = len(r.output), r.ras.win_size
+            if r.fresh or n < r.seen:  # new slot, or vLLM rewrote the list: rebuild the row
+                clear.append(r.slot)
+                r.fresh, r.seen = False, 0
+            for i in range(max(r.seen, n - win), n) if win > 0 else ():
+                slots.append(r.slot)
+                pos.append(i % win)
+                toks.append(r.output[i])
+            r.seen = n
+        host = torch.tensor(flags + clear + slots + pos + toks, dtype=torch.int64)
+        data = host.pin_memory().to(self.device, non_blocking=True) if self.pin else host.to(self.device)
+        f, c, m = len(flags), len(clear), len(slots)
+        if c:
+            self.history[data[f:f + c]] = -1
+        if m:
+            at = f + c
+            self.history[data[at:at + m], data[at + m:at + 2 * m]] = data[at + 2 * m:at + 3 * m]
+        return data[:len(plain)].bool(), data[len(plain):f].bool()
 
     def apply(self, logits: Tensor) -> Tensor:
+        if not self.requests:
+            return logits
+        if self._layout is None:
+            self._layout = self._build_layout()
+        lay = self._layout
+        plain_eos, ras_eos = self._send(lay)
+        neg = float("-inf")
+        if lay["ignore"].numel():
+            logits[lay["ignore"][:, None], self.stop[None, :]] = neg
+        m = self.tokens.min_len_mask
+        if lay["plain"].numel():
+            rows = lay["plain"]
+            logits[rows, m] = torch.where(plain_eos, neg, logits[rows, m])
+        if lay["ras"].numel():
+            rows = lay["ras"]
+            out = ras_logprobs_batch(logits[rows], ras_eos, lay["top_p"], lay["top_k"], self.history[lay["slots"]],
+                                     lay["threshold"], m, lay["max_top_k"])
+            logits[rows] = out.to(logits.dtype)
+        return logits
+
+    def apply_rows(self, logits: Tensor) -> Tensor:
+        """The former row-by-row `apply` (host syncs per row): the reference of tests and benchmarks."""
         for row, req in self.requests.items():
             if req.ignore_stop:
                 logits[row, self.stop] = float("-inf")
