@@ -83,7 +83,8 @@ def test_app_deletes_refused_uploads_and_stops_cleanly(tiny_model_dir, tmp_path)
 @pytest.fixture(scope="module")
 def frontend(backend, tiny_model_dir, tmp_path_factory):
     data = tmp_path_factory.mktemp("data")
-    app = App("--model_dir", str(tiny_model_dir), "--data_dir", str(data), "--workers", "1",
+    # one request at a time (--max_batch 1), so that others wait in the queue and leaving it can be seen
+    app = App("--model_dir", str(tiny_model_dir), "--data_dir", str(data), "--workers", "1", "--max_batch", "1",
               "--llm_base_url", backend.url, "--llm_api_key", backend.api_key,
               "--llm_stall_timeout", str(STALL)).wait()
     url = app.url.rstrip("/")
