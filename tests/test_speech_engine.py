@@ -82,6 +82,7 @@ def test_eight_concurrent_requests_equal_their_solo_runs(engines, voice):
         for a, b in zip(got, solo[i]):
             assert a.shape == b.shape and (a - b).abs().max() < 1e-4, i
     assert new.t2w.state_budget.used() == new.t2w.state_budget._voice_bytes  # streams released their state
+    print("batched steps (rows):", new.speech_runner.__self__.batches)
 
 
 def test_bad_companions_never_disturb_a_request(engines, voice, tmp_path):
