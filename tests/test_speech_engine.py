@@ -82,6 +82,38 @@ def test_eight_concurrent_requests_equal_their_solo_runs(engines, voice):
         for a, b in zip(got, solo[i]):
             assert a.shape == b.shape and (a - b).abs().max() < 1e-4, i
     assert new.t2w.state_budget.used() == new.t2w.state_budget._voice_bytes  # streams released their state
+    print("batched steps (rows):", new.speech_runner.__self__.batches)
+
+
+def test_batched_whole_utterances_equal_their_solo_runs(engines, voice):
+    old, new = engines
+    reqs = [SynthesisRequest(mode="voice", voice=voice, prompt_text=ZS_TEXT, text=TEXTS[i % 4], seed=i, stream=i % 2 == 1)
+            for i in range(6)]
+    solo = [list(old.synthesize(r)) for r in reqs]
+    batching, gate = SpeechScheduler(max_rows=8), threading.Event()
+
+    def hold():  # keeps the runner busy until every request has queued its work
+        batching.bind(LiveRequest(99, "synthesize", {}))
+        batching.run(True, gate.wait)
+
+    threading.Thread(target=hold).start()
+    engine_runner, new.speech_runner = new.speech_runner, batching.run
+    results, threads = {}, []
+    for i, req in enumerate(reqs):
+        threads.append(threading.Thread(target=live, args=(batching.run, new, req, i, results)))
+        threads[-1].start()
+    deadline = time.monotonic() + 60
+    while batching.pending() < 6 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    gate.set()
+    for t in threads:
+        t.join(120)
+    new.speech_runner = engine_runner
+    for i in range(6):
+        assert len(results[i]) == len(solo[i]), i
+        for a, b in zip(results[i], solo[i]):
+            assert a.shape == b.shape and (a - b).abs().max() < 1e-4, i
+    assert batching.batches and max(batching.batches) >= 3, batching.batches  # whole flows ran batched
 
 
 def test_bad_companions_never_disturb_a_request(engines, voice, tmp_path):

@@ -28,6 +28,19 @@ def chunk_mask(size: int, chunk_size: int, num_left_chunks: int = -1, device: to
     return mask
 
 
+def padding_mask(lengths: Tensor, size: int) -> Tensor:
+    """(B,) lengths -> (B, size) bool, True on each row's first lengths[b] frames."""
+    return torch.arange(size, device=lengths.device).unsqueeze(0) < lengths.to(torch.long).unsqueeze(1)
+
+
+def combine_masks(mask: Tensor | None, valid: Tensor | None) -> Tensor | None:
+    """An attention mask (T, T) or None and a key-padding mask (B, T) or None -> (T, T), (B, 1, T|1, T) or None."""
+    if valid is None:
+        return mask
+    keys = valid[:, None, None, :]  # (B, 1, 1, T)
+    return keys if mask is None else keys & mask
+
+
 def rel_position_encoding(size: int, d_model: int, device: torch.device | None = None,
                           dtype: torch.dtype = torch.float32) -> Tensor:
     """ESPnet relative positional encoding for relative positions size-1 ... -(size-1): (1, 2*size-1, d_model)."""
@@ -88,7 +101,7 @@ class RelPositionMultiHeadedAttention(nn.Module):
         nn.init.xavier_uniform_(self.pos_bias_v)
 
     def forward(self, x: Tensor, pos_emb: Tensor, mask: Tensor | None) -> Tensor:
-        """x (B, T, D), pos_emb (1, 2T-1, D), mask (T, T) bool or None (full attention) -> (B, T, D)."""
+        """x (B, T, D), pos_emb (1, 2T-1, D), mask (T, T) or (B, 1, T|1, T) bool or None (full attention) -> (B, T, D)."""
         b, t, _ = x.shape
         q = self.linear_q(x).view(b, t, self.h, self.d_k)
         k = self.linear_k(x).view(b, t, self.h, self.d_k).transpose(1, 2)

@@ -1,8 +1,9 @@
 """The CFM velocity estimator: official `CausalConditionalDecoder` (a 1-D U-Net of causal ResNet blocks and
 transformer blocks, built from Matcha-TTS / diffusers parts).
 
-Inputs are never padded here (one utterance, and the CFG pair has equal lengths), so the official padding
-masks, which would be all ones, are left out.
+A solo call is unpadded (one utterance, the CFG pair has equal lengths), so the official padding masks,
+which would be all ones, are left out. A padded batch of utterances (`lengths`) gets key-padding masks in
+attention and zeroed padded frames; every conv is causal or 1x1, so a valid frame never reads padding.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from cosy.flow.config import EstimatorConfig
-from cosy.flow.conformer import chunk_mask
+from cosy.flow.conformer import chunk_mask, combine_masks, padding_mask
 
 
 class CausalConv1d(nn.Conv1d):
@@ -77,7 +78,7 @@ class Attention(nn.Module):
         self.to_out = nn.ModuleList([nn.Linear(inner, dim)])  # official to_out.1 is a dropout
 
     def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
-        """x (B, T, dim), mask (T, T) bool (True = attend) or None -> (B, T, dim)."""
+        """x (B, T, dim), mask (T, T) or (B, 1, T|1, T) bool (True = attend) or None -> (B, T, dim)."""
         b, t, _ = x.shape
         q, k, v = (proj(x).view(b, t, self.heads, self.dim_head).transpose(1, 2)
                    for proj in (self.to_q, self.to_k, self.to_v))
@@ -165,19 +166,23 @@ class CausalConditionalDecoder(nn.Module):
         self.final_proj = nn.Conv1d(c, cfg.out_channels, 1)
 
     @staticmethod
-    def _transformers(x: Tensor, blocks: nn.ModuleList, mask: Tensor | None) -> Tensor:
+    def _transformers(x: Tensor, blocks: nn.ModuleList, mask: Tensor | None, valid: Tensor | None = None) -> Tensor:
+        if valid is not None:  # keep padded frames finite (0 * inf would reach valid rows through attention)
+            x = x * valid.unsqueeze(1)
         x = x.transpose(1, 2)
         for block in blocks:
             x = block(x, mask)
         return x.transpose(1, 2)
 
-    def forward(self, x: Tensor, mu: Tensor, t: Tensor, spks: Tensor, cond: Tensor, streaming: bool = False) -> Tensor:
+    def forward(self, x: Tensor, mu: Tensor, t: Tensor, spks: Tensor, cond: Tensor, streaming: bool = False,
+                lengths: Tensor | None = None) -> Tensor:
         """Estimate the flow velocity.
 
         Args:
             x: (B, 80, T) current sample.  mu: (B, 80, T) encoder output.  t: (B,) flow time in [0, 1].
             spks: (B, 80) projected speaker embedding.  cond: (B, 80, T) prompt mel (zeros after the prompt).
             streaming: chunk attention (static_chunk_size frames, num_decoding_left_chunks) instead of full.
+            lengths: (B,) valid frames per row of a right-padded batch, or None (unpadded).
         Returns:
             (B, out_channels, T)
         """
@@ -186,13 +191,18 @@ class CausalConditionalDecoder(nn.Module):
         x = torch.cat([x, mu, spks.unsqueeze(-1).expand(-1, -1, x.size(-1)), cond], dim=1)
         mask = (chunk_mask(x.size(-1), cfg.static_chunk_size, cfg.num_decoding_left_chunks, x.device)
                 if streaming else None)
+        valid = None if lengths is None else padding_mask(lengths, x.size(-1)).to(x.dtype)  # (B, T)
+        mask = combine_masks(mask, None if valid is None else valid.bool())
+        if valid is not None:
+            x = x * valid.unsqueeze(1)
 
         resnet, blocks, downsample = self.down_blocks[0]
-        skip = self._transformers(resnet(x, t_emb), blocks, mask)
+        skip = self._transformers(resnet(x, t_emb), blocks, mask, valid)
         x = downsample(skip)
         for resnet, blocks in self.mid_blocks:
-            x = self._transformers(resnet(x, t_emb), blocks, mask)
+            x = self._transformers(resnet(x, t_emb), blocks, mask, valid)
         resnet, blocks, upsample = self.up_blocks[0]
-        x = self._transformers(resnet(torch.cat([x, skip], dim=1), t_emb), blocks, mask)
+        x = self._transformers(resnet(torch.cat([x, skip], dim=1), t_emb), blocks, mask, valid)
         x = upsample(x)
-        return self.final_proj(self.final_block(x))
+        out = self.final_proj(self.final_block(x))
+        return out if valid is None else out * valid.unsqueeze(1)

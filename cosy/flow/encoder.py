@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from cosy.flow.config import EncoderConfig
-from cosy.flow.conformer import ConformerEncoderLayer, LinearEmbed, chunk_mask
+from cosy.flow.conformer import ConformerEncoderLayer, LinearEmbed, chunk_mask, combine_masks, padding_mask
 
 
 class PreLookaheadLayer(nn.Module):
@@ -70,30 +70,45 @@ class UpsampleConformerEncoder(nn.Module):
             ConformerEncoderLayer(d, cfg.attention_heads, cfg.linear_units) for _ in range(cfg.num_up_blocks))
         self.after_norm = nn.LayerNorm(d, eps=1e-5)
 
-    def forward(self, xs: Tensor, context: Tensor | None = None, streaming: bool = False) -> Tensor:
+    def forward(self, xs: Tensor, context: Tensor | None = None, streaming: bool = False,
+                lengths: Tensor | None = None) -> Tensor:
         """Encode embedded tokens.
 
         Args:
-            xs: (B, T, input_size) token embeddings (unpadded).
+            xs: (B, T, input_size) token embeddings (unpadded, or right-padded when `lengths` is given).
             context: (B, Tc, input_size) embeddings of look-ahead tokens that are not encoded themselves
                 (streaming chunks that are not final), or None.
             streaming: use chunk attention masks (static_chunk_size tokens; x stride after upsampling).
+            lengths: (B,) valid tokens per row of a padded batch (final rows only: no `context`), or None.
+                Padded keys are masked in attention and padded frames are zeroed before every conv, so each
+                row's valid frames equal its solo encoding; the padded output frames are meaningless.
         Returns:
             (B, stride*T, output_size)
         """
         cfg = self.cfg
+        if lengths is not None and context is not None and context.size(1) > 0:
+            raise ValueError("a padded batch takes no look-ahead context (final rows only)")
         xs, pos_emb = self.embed(xs)
         if context is not None and context.size(1) > 0:
             context, _ = self.embed(context)
+        valid = None if lengths is None else padding_mask(lengths, xs.size(1))  # (B, T) True = real frame
         mask = chunk_mask(xs.size(1), cfg.static_chunk_size, -1, xs.device) if streaming else None
+        mask = combine_masks(mask, valid)
+        if valid is not None:  # the look-ahead conv must read zeros past a row's end, as solo
+            xs = xs * valid.unsqueeze(-1)
         xs = self.pre_lookahead_layer(xs, context)
         for layer in self.encoders:
             xs = layer(xs, pos_emb, mask)
 
+        if valid is not None:
+            xs = xs * valid.unsqueeze(-1)
         xs = self.up_layer(xs.transpose(1, 2)).transpose(1, 2)
         xs, pos_emb = self.up_embed(xs)
+        if valid is not None:
+            valid = padding_mask(lengths * cfg.upsample_stride, xs.size(1))
         mask = (chunk_mask(xs.size(1), cfg.static_chunk_size * cfg.upsample_stride, -1, xs.device)
                 if streaming else None)
+        mask = combine_masks(mask, valid)
         for layer in self.up_encoders:
             xs = layer(xs, pos_emb, mask)
         return self.after_norm(xs)

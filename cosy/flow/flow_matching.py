@@ -46,25 +46,35 @@ class CausalConditionalCFM(nn.Module):
         return t
 
     @torch.inference_mode()
-    def forward(self, mu: Tensor, spks: Tensor, cond: Tensor, streaming: bool = False) -> Tensor:
+    def forward(self, mu: Tensor, spks: Tensor, cond: Tensor, streaming: bool = False,
+                lengths: Tensor | None = None) -> Tensor:
         """Sample a mel.
 
         Args:
             mu: (1, 80, T) encoder output.  spks: (1, 80) projected speaker embedding.
             cond: (1, 80, T) prompt mel in the first frames, zeros after.
             streaming: chunk attention in the estimator.
+            lengths: (B,) valid frames per row when mu/spks/cond are a right-padded batch of B utterances
+                (B, 80, T); each row then starts from the same noise slice from frame 0 as solo, and its valid
+                frames equal its solo result (padded frames come back as zeros).
         Returns:
-            (1, 80, T) float32.
+            (B, 80, T) float32.
         """
         n = mu.size(2)
         if n > self.rand_noise.size(2):
             raise ValueError(f"flow input of {n} frames exceeds the fixed noise ({self.rand_noise.size(2)} frames)")
+        b = mu.size(0)
         # the ODE state and time steps stay float32 when the estimator runs in half precision
-        x = self.rand_noise[:, :, :n].to(device=mu.device, dtype=torch.float32)
+        x = self.rand_noise[:, :, :n].to(device=mu.device, dtype=torch.float32).expand(b, -1, -1)
+        extra = {}
+        if lengths is not None:
+            valid = torch.arange(n, device=mu.device).unsqueeze(0) < lengths.to(mu.device).unsqueeze(1)
+            x = x * valid.unsqueeze(1).to(x.dtype)
+            extra["lengths"] = torch.cat([lengths, lengths]).to(mu.device)
         t_span = self.time_span(mu.device, torch.float32)
         rate = self.cfg.inference_cfg_rate
 
-        # CFG batch: row 0 conditioned, row 1 with mu, spks and cond zeroed.
+        # CFG batch: rows [:B] conditioned, rows [B:] with mu, spks and cond zeroed.
         mu_in = torch.cat([mu, torch.zeros_like(mu)])
         spks_in = torch.cat([spks, torch.zeros_like(spks)])
         cond_in = torch.cat([cond, torch.zeros_like(cond)])
@@ -72,9 +82,9 @@ class CausalConditionalCFM(nn.Module):
         # Same accumulation as the official solver: t advances by dt, dt is re-derived from t_span.
         t, dt = t_span[0], t_span[1] - t_span[0]
         for step in range(1, len(t_span)):
-            v = self.estimator(torch.cat([x, x]).to(mu.dtype), mu_in, t.expand(2).to(mu.dtype), spks_in, cond_in,
-                               streaming).float()
-            v_cond, v_uncond = v[:1], v[1:]
+            v = self.estimator(torch.cat([x, x]).to(mu.dtype), mu_in, t.expand(2 * b).to(mu.dtype), spks_in, cond_in,
+                               streaming, **extra).float()
+            v_cond, v_uncond = v[:b], v[b:]
             x = x + dt * ((1.0 + rate) * v_cond - rate * v_uncond)
             t = t + dt
             if step < len(t_span) - 1:

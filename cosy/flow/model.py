@@ -86,3 +86,42 @@ class FlowModel(nn.Module):
         mu, spks, cond = self.conditions(token, prompt_token, prompt_feat, embedding, streaming, finalize)
         mel = self.decoder(mu, spks, cond, streaming)
         return mel[:, :, prompt_feat.size(1):].float()
+
+    def supports_batch(self) -> bool:
+        """Whether `inference_batch` runs one padded batch (the estimator takes padding masks)."""
+        return isinstance(self.decoder.estimator, CausalConditionalDecoder)
+
+    @torch.inference_mode()
+    def inference_batch(self, rows: list[tuple[Tensor, Tensor, Tensor, Tensor]]) -> list[Tensor]:
+        """Whole utterances (non-streaming, final) of several requests as one padded batch.
+
+        rows: (token (1, T), prompt_token (1, Tp), prompt_feat (1, Tm, 80), embedding (1, 192)) per request,
+        of any lengths. Returns each row's `inference(..., streaming=False, finalize=True)` mel, equal to the
+        solo call to float rounding: tokens are right-padded, attention masks padded keys, padded frames
+        are zeroed before every conv, each row has its own prompt length and starts from the fixed noise
+        at frame 0; the CFG pair doubles the batch. An estimator without padding masks runs the rows solo.
+        """
+        if len(rows) == 1 or not self.supports_batch():
+            return [self.inference(*r, streaming=False, finalize=True) for r in rows]
+        cfg = self.cfg
+        dev = self.spk_embed_affine_layer.weight.device
+        dtype = self.spk_embed_affine_layer.weight.dtype
+        seqs = [torch.cat([pt.to(dev), t.to(dev)], dim=1)[0] for t, pt, _, _ in rows]
+        lengths = torch.tensor([s.numel() for s in seqs], device=dev)
+        tokens = nn.utils.rnn.pad_sequence(seqs, batch_first=True, padding_value=0)
+        emb = torch.cat([e.to(dev) for _, _, _, e in rows])
+        spks = self.spk_embed_affine_layer(F.normalize(emb.to(dtype), dim=1))
+        x = self.input_embedding(tokens.clamp(min=0))
+        h = self.encoder_proj(self.encoder(x, None, False, lengths=lengths))  # (B, ratio*T, 80)
+        mel_lengths = lengths * cfg.token_mel_ratio
+        cond = torch.zeros(len(rows), cfg.output_size, h.size(1), device=h.device, dtype=h.dtype)
+        for i, (_, _, pf, _) in enumerate(rows):
+            n_prompt = pf.size(1)
+            if n_prompt > int(mel_lengths[i]):
+                raise ValueError(f"prompt mel ({n_prompt} frames) is longer than the encoded tokens "
+                                 f"({int(mel_lengths[i])} frames)")
+            cond[i, :, :n_prompt] = pf[0].to(device=h.device, dtype=h.dtype).transpose(0, 1)
+        valid = (torch.arange(h.size(1), device=dev).unsqueeze(0) < mel_lengths.unsqueeze(1)).to(h.dtype)
+        mu = h.transpose(1, 2) * valid.unsqueeze(1)
+        mel = self.decoder(mu.contiguous(), spks, cond, False, lengths=mel_lengths)
+        return [mel[i:i + 1, :, pf.size(1):int(mel_lengths[i])].float() for i, (_, _, pf, _) in enumerate(rows)]

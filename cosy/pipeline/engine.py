@@ -32,6 +32,7 @@ from cosy.model.files import ModelDir
 from cosy.pipeline.request import SynthesisError, SynthesisRequest
 from cosy.pipeline.token2wav import FlowPrompt, Token2Wav, load_token2wav
 from cosy.prompt.encoder import PromptFeatures, VoicePromptEncoder
+from cosy.speech.scheduler import Batch
 from cosy.text.frontend import TextFrontend
 from cosy.text.tokenizer import ENDOFPROMPT_ID, TextTokenizer
 
@@ -148,15 +149,19 @@ class Engine:
             if not req.stream:
                 ids = list(tokens)
                 if ids:
-                    yield run(True, lambda: self.t2w(torch.tensor([ids], dtype=torch.int32), prompt,
-                                                     speed=req.speed, seed=seed))
+                    tok = torch.tensor([ids], dtype=torch.int32)
+                    job = self.t2w.whole_job(tok, prompt, speed=req.speed, seed=seed)
+                    yield run(True, lambda: self.t2w(tok, prompt, speed=req.speed, seed=seed),
+                              batch=Batch(self.t2w.run_jobs, job, job.frames))
                 return
             stream = self.t2w.stream(prompt, speed=req.speed, seed=seed)
             for token in tokens:
                 stream.add([token])
                 if stream.due():
                     yield from (c for c in run(stream.offset == 0, lambda: stream.push([])) if c.numel())
-            last = run(stream.offset == 0, stream.finish)
+            job = stream.finish_job()
+            last = run(stream.offset == 0, stream.finish,
+                       batch=None if job is None else Batch(self.t2w.run_jobs, job, job.frames))
             if last.numel():
                 yield last
         finally:  # the caller went away: stop the LM now (a remote backend aborts the request)
@@ -167,7 +172,7 @@ class Engine:
                 close()
 
 
-def _run_here(first: bool, fn):
+def _run_here(first: bool, fn, batch=None):
     return fn()
 
 

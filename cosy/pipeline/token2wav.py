@@ -10,8 +10,10 @@ requests share only read-only modules, and speed control also works while stream
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -93,6 +95,23 @@ class MelStretcher:
         return out
 
 
+@dataclass
+class FlowJob:
+    """A whole-utterance flow (full attention, final) that may run in one padded batch with others'.
+
+    `finish(mel)` turns this row's mel (1, 80, F) into the request's result (HiFT, speed, stream state).
+    """
+
+    tokens: Tensor  # (1, T) int
+    prompt: FlowPrompt
+    finish: Callable[[Tensor], Any]
+
+    @property
+    def frames(self) -> int:
+        """Mel frames this row takes in a padded batch (prompt + target)."""
+        return 2 * (self.prompt.tokens.shape[1] + self.tokens.shape[1])
+
+
 class Token2Wav:
     """Flow + HiFT with the official streaming schedule. Stateless: per-request state is in streams."""
 
@@ -142,6 +161,31 @@ class Token2Wav:
         if speed != 1.0:  # the official speed control: linear resampling of the mel in time
             mel = F.interpolate(mel, size=int(mel.shape[2] / speed), mode="linear")
         return self.vocode(mel, seed)
+
+    def whole_job(self, tokens: Tensor, prompt: FlowPrompt, speed: float = 1.0, seed: int | None = None) -> FlowJob:
+        """`self(tokens, prompt, speed, seed)` as a batchable job (see `run_jobs`)."""
+        def finish(mel: Tensor) -> Tensor:
+            if speed != 1.0:
+                mel = F.interpolate(mel, size=int(mel.shape[2] / speed), mode="linear")
+            return self.vocode(mel, seed)
+        return FlowJob(tokens, prompt, finish)
+
+    @torch.inference_mode()
+    def run_jobs(self, jobs: list[FlowJob]) -> list[Any]:
+        """Run the flows of `jobs` as one padded batch, then each job's own HiFT step (its state is per row).
+
+        If the flow batch raises, nothing has changed (rerun the jobs alone); a failing HiFT step fails its
+        own row only: its result is the exception."""
+        dev = self.device
+        mels = self.flow.inference_batch([(j.tokens.to(dev), j.prompt.tokens.to(dev), j.prompt.mel.to(dev),
+                                           j.prompt.embedding.to(dev)) for j in jobs])
+        out: list[Any] = []
+        for j, m in zip(jobs, mels):
+            try:
+                out.append(j.finish(m))
+            except Exception as e:
+                out.append(e)
+        return out
 
     def stream(self, prompt: FlowPrompt, speed: float = 1.0, seed: int | None = None) -> "Token2WavStream":
         """A streaming session: push tokens as the LM makes them, get audio chunks back."""
@@ -200,6 +244,22 @@ class Token2WavStream:
         self.finished = True
         return self._chunk(self.tokens, finalize=True)
 
+    def finish_job(self) -> FlowJob | None:
+        """`finish()` as a batchable job (see `Token2Wav.run_jobs`); None when it computes no flow."""
+        if self.finished:
+            raise RuntimeError("this stream is finished")
+        if not self.tokens and self.cache is None:
+            return None
+        token_tensor = torch.tensor(self.tokens, dtype=torch.int32).unsqueeze(0)
+
+        def finish(mel: Tensor) -> Tensor:
+            if self.finished:
+                raise RuntimeError("this stream is finished")
+            self.finished = True
+            self.close()
+            return self._vocode(mel[:, :, self.offset * self.t2w.flow.cfg.token_mel_ratio:], finalize=True)
+        return FlowJob(token_tensor, self.prompt, finish)
+
     def close(self) -> None:
         """Drop the flow state (done by `finish`; call it for a stream given up early)."""
         self.state = None
@@ -244,6 +304,11 @@ class Token2WavStream:
         else:  # the official last chunk runs without chunk masks (full attention); earlier ones stream
             mel = t2w.mel(token_tensor, self.prompt, streaming=not finalize, finalize=finalize)
             mel = mel[:, :, self.offset * t2w.flow.cfg.token_mel_ratio:]
+        return self._vocode(mel, finalize)
+
+    def _vocode(self, mel: Tensor, finalize: bool) -> Tensor:
+        """A chunk's new mel frames -> its audio (speed, HiFT cache and crossfade state of this stream)."""
+        t2w = self.t2w
         if self.stretcher is not None:
             mel = self.stretcher.push(mel, final=finalize)
         cache_source = None
