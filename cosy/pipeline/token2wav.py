@@ -198,7 +198,9 @@ class Token2WavStream:
     def __init__(self, t2w: Token2Wav, prompt: FlowPrompt, speed: float, generator: torch.Generator):
         self.t2w, self.generator = t2w, generator
         # on the device once per stream, not once per chunk (the flow's .to() calls are then no-ops)
-        self.prompt = FlowPrompt(*(x.to(t2w.device) for x in (prompt.tokens, prompt.mel, prompt.embedding)))
+        # on the device once per stream; the cache key (saved voices' prompt state) is kept
+        self.prompt = FlowPrompt(*(x.to(t2w.device) for x in (prompt.tokens, prompt.mel, prompt.embedding)),
+                                 cache_key=prompt.cache_key)
         self.window = t2w.window.to(t2w.device)
         self.tokens: list[int] = []
         self.offset = 0  # tokens already turned into audio
