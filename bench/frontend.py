@@ -14,7 +14,6 @@ RSS, then the flow time of one streaming request against the same utterance non-
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import os
 import signal
@@ -30,21 +29,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from synthesis import FixedLengthLM  # noqa: E402  (the same fixed-count LM as the in-process benchmark)
+
 from cosy.pipeline.request import SynthesisRequest  # noqa: E402
 from cosy.service.workers import EngineSpec, WorkerPool  # noqa: E402
 
 PROMPT_WAV = ROOT / "assets" / "zero_shot_prompt.wav"
 PROMPT_TEXT = "希望你以后能够做的比我还好呦。"
 TEXT = "收到好友从远方寄来的生日礼物，那份意外的惊喜与深深的祝福让我心中充满了甜蜜的快乐。"
-
-
-class FixedLengthLM:
-    def __init__(self, lm, n: int):
-        self.lm, self.n, self.sampling = lm, n, lm.sampling
-
-    def generate(self, prompt_embeds, min_len, max_len, seed=None, params=None):
-        params = dataclasses.replace(params or self.sampling, ignore_stop=True)
-        return self.lm.generate(prompt_embeds, self.n, self.n, seed=seed, params=params)
 
 
 def fix_tokens(engine, n: int) -> None:  # runs in the worker process
