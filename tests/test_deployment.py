@@ -2,21 +2,30 @@
 
 Readiness follows the backend without restarting frontends; a reference audio made on one frontend is used
 from the other; a bounded load test (32 concurrent streaming requests, loopback only) completes every
-response and prints first-packet p50/p95 and RTF.
+response and prints first-packet p50/p95 and RTF. Behind a real HAProxy (`cosy.deploy.haproxy`): traffic
+reaches only frontends whose /ready passes, SSE passes unbuffered, and gradio_client sticks to one frontend.
 """
 from __future__ import annotations
 
 import base64
+import http.server
 import json
+import shutil
 import statistics
+import subprocess
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
 import pytest
+import soundfile as sf
 from conftest import ASSETS
-from servers import start_apps
+from gradio_client import Client, handle_file
+from servers import free_port, start_apps
+
+from cosy.deploy import haproxy
 
 ZS_TEXT = "希望你以后能够做的比我还好呦。"
 TEXT = "今天天气很好，我们一起去公园散步吧。"
@@ -102,3 +111,83 @@ def test_load_32_concurrent_streams_over_two_frontends(frontends):
     print(f"\n32 streams over 2 frontends + 1 backend: first packet p50 {statistics.median(firsts):.2f} s, "
           f"p95 {firsts[int(0.95 * 31)]:.2f} s; RTF p50 {statistics.median(rtfs):.2f}; "
           f"{audio:.1f} s of audio in {wall:.1f} s wall")
+
+
+# --- the frontends behind a real HAProxy (Debian's package), configured by cosy.deploy.haproxy ---
+
+class NeverReady(http.server.BaseHTTPRequestHandler):
+    """A server that answers every request, but /ready with 503: the proxy must never send it traffic."""
+
+    def do_GET(self):  # noqa: N802 (http.server's naming)
+        self.send_response(503 if self.path == "/ready" else 200)
+        self.end_headers()
+        self.wfile.write(b"never-ready")
+
+    do_POST = do_GET
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def proxy(frontends, tmp_path_factory):
+    if shutil.which("haproxy") is None:
+        pytest.fail("haproxy is not installed: the README's test command installs Debian's haproxy package")
+    never = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NeverReady)
+    threading.Thread(target=never.serve_forever, daemon=True).start()
+    port = free_port()
+    members = [u.split("//")[1] for u in frontends] + [f"127.0.0.1:{never.server_address[1]}"]
+    cfg = tmp_path_factory.mktemp("haproxy") / "haproxy.cfg"
+    cfg.write_text(haproxy.render(f"127.0.0.1:{port}", members, check_interval_s=0.5))
+    proc = subprocess.Popen(["haproxy", "-f", str(cfg)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:  # up once both frontends passed two checks (fe3 never does)
+        try:
+            seen = {httpx.get(f"{url}/ready", timeout=5).headers.get(haproxy.SERVER_HEADER) for _ in range(6)}
+            if seen == {"fe1", "fe2"}:
+                break
+        except httpx.TransportError:
+            pass
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read().decode()
+        time.sleep(0.5)
+    yield url
+    proc.terminate()
+    proc.wait(10)
+    never.shutdown()
+
+
+def test_proxy_balances_over_ready_frontends_only(proxy):
+    served = [httpx.get(f"{proxy}/ready", timeout=10) for _ in range(20)]
+    assert all(r.status_code == 200 and r.text != "never-ready" for r in served)
+    names = [r.headers[haproxy.SERVER_HEADER] for r in served]
+    assert set(names) == {"fe1", "fe2"} and min(names.count("fe1"), names.count("fe2")) >= 5, names
+
+
+def test_proxy_streams_sse_unbuffered(proxy, frontends):
+    """Events arrive through the proxy as the frontend writes them, not when the response ends."""
+    with open(ASSETS / "zero_shot_prompt.wav", "rb") as f:
+        ref = httpx.post(f"{proxy}/api/v1/audio/reference_audio", files={"file": ("p.wav", f)},
+                         data={"text": ZS_TEXT}, timeout=120).json()["id"]
+    body = {"model": "CosyVoice2-0.5B", "stream": True, "output_format": "pcm",
+            "input": {"mode": "fast_replication", "text": TEXT * 4, "reference_audio_id": ref}}
+    arrivals, start = [], time.monotonic()
+    with httpx.stream("POST", f"{proxy}/api/v1/audio/speech", json=body, timeout=300) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        for line in r.iter_lines():
+            if line.startswith("data:"):
+                arrivals.append(time.monotonic() - start)
+                assert json.loads(line[5:])["error"] is None
+    assert len(arrivals) >= 3, arrivals
+    # a buffering proxy delivers every event at the end, within milliseconds of each other
+    assert arrivals[-1] - arrivals[0] > 0.2 and arrivals[0] < 0.8 * arrivals[-1], arrivals
+
+
+def test_gradio_client_through_proxy_sticks_to_one_frontend(proxy):
+    """Gradio's queue is per process: the affinity cookie keeps a client's join and data on one frontend."""
+    client = Client(proxy + "/", verbose=False)
+    assert haproxy.AFFINITY_COOKIE in client.cookies
+    for seed in range(4):  # without affinity, about half of these would join on one process, poll the other
+        wav = client.predict("你好。", ZS_TEXT, handle_file(str(ASSETS / "zero_shot_prompt.wav")), seed, 1.0,
+                             api_name="/zero_shot")
+        assert sf.info(wav).frames > 0

@@ -1,0 +1,83 @@
+"""An HAProxy configuration for many frontends behind one address.
+
+    python -m cosy.deploy.haproxy --bind 0.0.0.0:8080 --frontend 10.0.0.11:7860 --frontend 10.0.0.12:7860 \
+        > /etc/haproxy/haproxy.cfg
+
+Why HAProxy (Debian's `haproxy` package) rather than nginx: open-source nginx has no active health checks
+(only passive `max_fails`), so a frontend that is up but not ready (model loading, backend unreachable) would
+still get traffic; HAProxy polls `GET /ready` and takes a frontend out after two failures. HAProxy also streams
+responses without buffering by default (SSE, chunked audio) and passes WebSocket upgrades in HTTP mode, where
+nginx needs `proxy_buffering off` and upgrade headers per location.
+
+Affinity: the HTTP APIs are stateless (uploads and saved voices live in the shared data dir), but a Gradio
+session's queue lives in one process: its `queue/join` and `queue/data` must reach the same frontend. HAProxy
+inserts a cookie on the first response; browsers and `gradio_client` (which keeps the cookies of its first
+`/config` request) send it back. Clients without the cookie are balanced by least connections.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+CHECK_INTERVAL_S = 2  # /ready poll period; a frontend leaves after 2 failed checks and returns after 2 good ones
+AFFINITY_COOKIE = "COSY_FRONTEND"
+SERVER_HEADER = "X-Cosy-Frontend"  # names the frontend that answered (logs, debugging, tests)
+
+
+def render(bind: str, frontends: list[str], *, check_interval_s: float = CHECK_INTERVAL_S,
+           stream_timeout_s: int = 600) -> str:
+    """The haproxy.cfg text: `bind` HOST:PORT, `frontends` HOST:PORT each (at least one)."""
+    if not frontends:
+        raise ValueError("at least one --frontend HOST:PORT is needed")
+    for addr in (bind, *frontends):
+        host, _, port = addr.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"not HOST:PORT: {addr!r}")
+    servers = "\n".join(f"    server fe{i} {addr} check cookie fe{i}" for i, addr in enumerate(frontends, 1))
+    inter = f"{int(check_interval_s * 1000)}ms"
+    return f"""\
+# cosy: {len(frontends)} frontend(s) behind {bind}. Written by `python -m cosy.deploy.haproxy`.
+global
+    maxconn 4096
+
+defaults
+    mode http
+    option forwardfor
+    timeout connect 5s
+    # a streamed synthesis may be silent for a while (first packet); WebSockets live long
+    timeout client {stream_timeout_s}s
+    timeout server {stream_timeout_s}s
+    timeout tunnel 3600s
+    timeout http-request 30s
+
+frontend cosy
+    bind {bind}
+    default_backend cosy_frontends
+
+backend cosy_frontends
+    balance leastconn
+    option httpchk GET /ready
+    http-check expect status 200
+    default-server inter {inter} fall 2 rise 2
+    cookie {AFFINITY_COOKIE} insert indirect nocache httponly
+    http-response set-header {SERVER_HEADER} %s
+{servers}
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m cosy.deploy.haproxy", description=__doc__.split("\n")[0])
+    p.add_argument("--bind", default="0.0.0.0:8080", help="HOST:PORT the proxy listens on")
+    p.add_argument("--frontend", action="append", default=[], metavar="HOST:PORT",
+                   help="a cosy frontend (app.py); repeat for each")
+    p.add_argument("--check_interval", type=float, default=CHECK_INTERVAL_S, help="seconds between /ready checks")
+    args = p.parse_args(argv)
+    try:
+        sys.stdout.write(render(args.bind, args.frontend, check_interval_s=args.check_interval))
+    except ValueError as e:
+        p.error(str(e))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
