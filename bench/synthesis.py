@@ -10,7 +10,6 @@ masked); prompt: assets/zero_shot_prompt.wav (3.5 s).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import resource
 import statistics
 import sys
@@ -23,6 +22,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from cosy.lm.fixed_length import FixedLengthLM  # noqa: E402,F401  (bench/frontend.py imports it from here)
 from cosy.pipeline.engine import Engine, SynthesisRequest  # noqa: E402
 from cosy.pipeline.token2wav import FlowPrompt  # noqa: E402
 from cosy.verify.random_model import write_random_model  # noqa: E402
@@ -36,17 +36,6 @@ MODES = {
     "instruct": dict(instruct_text="用开心的语气说这句话", prompt_wav=PROMPT_WAV),
     "voice": dict(prompt_text=PROMPT_TEXT),  # features computed once, as for a saved voice
 }
-
-
-class FixedLengthLM:
-    """The engine's LM, made to produce exactly `n` tokens whatever the random weights prefer."""
-
-    def __init__(self, lm, n: int):
-        self.lm, self.n, self.sampling = lm, n, lm.sampling
-
-    def generate(self, prompt_embeds, min_len, max_len, seed=None, params=None):
-        params = dataclasses.replace(params or self.sampling, ignore_stop=True)
-        return self.lm.generate(prompt_embeds, self.n, self.n, seed=seed, params=params)
 
 
 def request(engine: Engine, mode: str, stream: bool, voice) -> SynthesisRequest:

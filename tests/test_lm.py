@@ -14,6 +14,7 @@ from conftest import GOLDEN, reference_entries, reference_shapes
 from safetensors.torch import load_file
 
 from cosy.lm import LMConfig, SamplingParams, SpeechLM, ras_distribution, ras_sample
+from cosy.lm.fixed_length import FixedLengthLM
 from cosy.lm.model import LM_HEAD_KEY
 from cosy.model.families.cosyvoice2 import FAMILY as CV2
 from cosy.model.files import ModelDirError
@@ -283,6 +284,17 @@ def test_generate_is_seeded_and_leaves_global_rng_alone(tiny, prompt):
     assert list(tiny.generate(prompt, 0, 40, seed=8)) != a
     assert len(a) <= 40 and all(0 <= t < 6561 for t in a)
     assert len(list(tiny.generate(prompt, 0, 5, seed=7))) <= 5
+
+
+def test_fixed_length_lm_gives_exactly_n_tokens(tiny, prompt):
+    """The benchmarks' `--fixed_tokens`: exactly n speech tokens whatever min/max the request asks."""
+    fixed = FixedLengthLM(tiny, 33)
+    for min_len, max_len in ((0, 5), (0, 400)):
+        out = list(fixed.generate(prompt, min_len, max_len, seed=1))
+        assert len(out) == 33 and all(0 <= t < 6561 for t in out)
+    assert fixed.sampling is tiny.sampling and fixed.prompt_embeds == tiny.prompt_embeds  # the rest passes through
+    with pytest.raises(ValueError, match="fixed token count"):
+        FixedLengthLM(tiny, 0)
 
 
 def test_generate_from_threads_matches_sequential(tiny, prompt):

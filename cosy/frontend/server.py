@@ -56,6 +56,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="MiB of streaming flow state per worker, so chunks compute only new frames and saved "
                         "voices reuse their prompt (about 220 MiB per second held; default 2048 on cpu, "
                         "8192 on cuda; 0 = recompute)")
+    p.add_argument("--fixed_tokens", type=int, default=0,
+                   help="benchmarks only: every request generates exactly N speech tokens (stop tokens "
+                        "masked), so random weights cannot skew lengths (default 0: off)")
     p.add_argument("--enable_mps", action="store_true",
                    help="start or join the CUDA MPS daemon so the workers share the GPU")
     p.add_argument("--api_key", default=os.environ.get("COSY_API_KEY"),
@@ -83,6 +86,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.workers < 1 or args.max_queue < 0 or (args.max_batch is not None and args.max_batch < 1):
         p.error("--workers and --max_batch must be >= 1 and --max_queue >= 0")
+    if args.fixed_tokens < 0:
+        p.error("--fixed_tokens must be >= 0")
     from cosy.deploy.keyfile import KeyFileError, read_key_file
     for flag, dest in (("--api_key_file", "api_key"), ("--llm_api_key_file", "llm_api_key")):
         path = getattr(args, dest + "_file")
@@ -159,7 +164,7 @@ def build_service(args: argparse.Namespace) -> FrontendService:
     spec = EngineSpec(str(model_dir), device=device, ttsfrd_dir=str(ttsfrd) if ttsfrd else None,
                       llm_base_url=args.llm_base_url, llm_api_key=args.llm_api_key,
                       llm_stall_timeout=args.llm_stall_timeout, max_batch=max_batch(args, device),
-                      cache_mb=speech_cache_mb(args, device))
+                      cache_mb=speech_cache_mb(args, device), fixed_tokens=args.fixed_tokens)
     pool = WorkerPool(spec, workers=args.workers, max_queue=args.max_queue).start()
     return FrontendService(pool, data)
 

@@ -31,6 +31,7 @@ class EngineSpec:
     llm_stall_timeout: float | None = None  # seconds without an LM token before the backend counts as stalled
     max_batch: int = 1  # live requests per worker process (1: the old one-request-at-a-time loop)
     cache_mb: int = 0  # streaming flow state budget (cosy.speech.cache); 0 recomputes every prefix
+    fixed_tokens: int = 0  # benchmarks only: every request generates exactly this many speech tokens
 
 
 INTERRUPT = getattr(signal, "SIGUSR1", None)  # the dispatcher's "stop computing now" (POSIX)
@@ -147,6 +148,9 @@ def _serve(spec: EngineSpec, conn, cancel, health, prepare) -> None:
         return
     if isinstance(engine.lm, BackendPool):
         engine.lm.configure(stall_timeout=spec.llm_stall_timeout, shared_health=health)
+    if spec.fixed_tokens:
+        from cosy.lm.fixed_length import FixedLengthLM
+        engine.lm = FixedLengthLM(engine.lm, spec.fixed_tokens)
     if prepare is not None:
         prepare(engine)
     if spec.max_batch > 1:  # many live requests, their flow/HiFT work scheduled (cosy.speech)

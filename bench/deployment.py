@@ -1,0 +1,229 @@
+"""Benchmark the deployment as it runs: one vLLM backend and N frontends (app.py), driven over the HTTP APIs.
+
+    python bench/deployment.py [--size full|tiny | --model_dir DIR] [--frontends 1] [--workers 1] [--max_batch 8]
+        [--concurrency 1,4,8] [--requests 0] [--modes zero_shot,cross_lingual,instruct,voice] [--apis pai,openai]
+        [--tokens 100] [--capacity] [--split_cost] [--json OUT] [--device cpu]
+        [--backend_url URL] [--frontend_urls URL,URL] [--api_key KEY] [--llm_api_key KEY]
+
+Starts the backend (launch/backend.py) and the frontends (app.py with `--fixed_tokens`, so every request
+generates exactly --tokens speech tokens whatever the random weights prefer) on one shared data dir, unless
+URLs are given (then start the frontends with `--fixed_tokens` yourself). --requests 0 = 2 x concurrency.
+Prints, per concurrency and mode: requests, success rate, first packet p50/p95/p99, RTF p50/p95, aggregate
+audio-seconds per wall-second; per concurrency the backend's /metrics (most running/waiting requests seen,
+generation tokens/s).
+--capacity: (a) the backend's saturated speech-token throughput (LM requests only, 32 at once), (b) one
+  frontend's token consumption at its own saturation (workers x max_batch x 2 requests in flight, LM remote),
+  frontends per backend = a / b; then the run above with --frontends confirms it (tokens/s of all frontends).
+--split_cost: the same requests one at a time through the backend and with the embedded LM (a second frontend
+  without --llm_base_url): first-packet and total latency, and their difference.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import load  # noqa: E402
+
+READY = "cosy frontend ready: "
+TOKEN_RATE = 25  # speech tokens per second of audio
+
+
+def start_frontend(model_dir: Path, data_dir: Path, port: int, args, llm_url: str | None) -> tuple:
+    cmd = [sys.executable, str(ROOT / "app.py"), "--model_dir", str(model_dir), "--data_dir", str(data_dir),
+           "--host", "127.0.0.1", "--port", str(port), "--workers", str(args.workers), "--max_batch",
+           str(args.max_batch), "--fixed_tokens", str(args.tokens), "--device", args.device, "--max_queue", "256"]
+    if llm_url:
+        cmd += ["--llm_base_url", llm_url, "--llm_api_key", args.llm_api_key]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    tail: list[str] = []
+    for line in proc.stdout:
+        tail = (tail + [line])[-30:]
+        if line.startswith(READY):
+            threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
+            return proc, line[len(READY):].strip()
+    raise SystemExit("frontend did not start:\n" + "".join(tail))
+
+
+def stop(proc: subprocess.Popen) -> None:
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+class BackendMetrics:
+    """Polls the backend's Prometheus /metrics: most running/waiting requests seen, generation tokens/s."""
+
+    NAMES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:generation_tokens_total")
+
+    def __init__(self, llm_url: str | None, key: str):
+        self.url = llm_url and llm_url.rstrip("/").removesuffix("/v1") + "/metrics"
+        self.headers = {"Authorization": f"Bearer {key}"}
+
+    def read(self) -> dict[str, float]:
+        text = httpx.get(self.url, headers=self.headers, timeout=10).text
+        out = dict.fromkeys(self.NAMES, 0.0)
+        for name in self.NAMES:
+            for m in re.finditer(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M):
+                out[name] += float(m.group(1))
+        return out
+
+    def during(self, fn):
+        """Run fn() while polling; (fn's result, {running_max, waiting_max, tokens_per_s}) or no figures."""
+        if not self.url:
+            return fn(), {}
+        seen, done = [], threading.Event()
+
+        def poll():
+            while not done.wait(0.5):
+                seen.append(self.read())
+        first, t0 = self.read(), time.perf_counter()
+        threading.Thread(target=poll, daemon=True).start()
+        try:
+            result = fn()
+        finally:
+            done.set()
+        last, wall = self.read(), time.perf_counter() - t0
+        tokens = last["vllm:generation_tokens_total"] - first["vllm:generation_tokens_total"]
+        return result, {"running_max": max((s[self.NAMES[0]] for s in seen), default=0),
+                        "waiting_max": max((s[self.NAMES[1]] for s in seen), default=0),
+                        "tokens_per_s": tokens / wall}
+
+
+def backend_saturation(model_dir: Path, llm_url: str, key: str, tokens: int, concurrency: int = 32) -> float:
+    """Speech tokens/s of the backend alone with `concurrency` LM requests at once."""
+    from lm_throughput import measure, prompt
+
+    from cosy.lm.export import llm_fingerprint, served_model_name
+    from cosy.lm.prompt import PromptEmbedder
+    from cosy.lm.remote import RemoteLM
+    from cosy.model.files import ModelDir
+
+    family = ModelDir(model_dir).family
+    remote = RemoteLM(llm_url, key, served_model_name(llm_fingerprint(model_dir), family), family=family)
+    embeds = prompt(PromptEmbedder.from_model_dir(model_dir))
+    measure(remote, embeds, 5, 1)
+    return measure(remote, embeds, tokens, concurrency)[0]
+
+
+def row(label: str, s: dict) -> str:
+    return (f"{label:<24} {s['requests']:>4} {100 * s['success']:>6.1f}% {s['first_p50']:>7.2f}s "
+            f"{s['first_p95']:>7.2f}s {s['first_p99']:>7.2f}s {s['rtf_p50']:>6.2f} {s['rtf_p95']:>6.2f} "
+            f"{s['audio_per_wall']:>8.3f}")
+
+
+HEADER = (f"{'level / mode':<24} {'reqs':>4} {'success':>7} {'fp p50':>8} {'fp p95':>8} {'fp p99':>8} "
+          f"{'RTF50':>6} {'RTF95':>6} {'audio/s':>8}")
+
+
+def drive(targets, args, metrics: BackendMetrics, levels: list[int], report: dict) -> None:
+    modes, apis = args.modes.split(","), args.apis.split(",")
+    print(HEADER)
+    for n in levels:
+        (results, wall), backend = metrics.during(
+            lambda: load.run_level(targets, modes, apis, n, args.requests or 2 * n))
+        overall = load.summarize(results, wall)
+        report["levels"].append({"concurrency": n, "all": overall, "backend": backend, "modes": {
+            m: load.summarize([r for r in results if r.mode == m], wall) for m in modes}})
+        print(row(f"x{n} all", overall) + ("  errors: " + "; ".join(overall["errors"]) if overall["errors"] else ""))
+        for m in modes:
+            print(row(f"x{n}   {m}", report["levels"][-1]["modes"][m]))
+        if backend:
+            print(f"x{n} backend: running max {backend['running_max']:.0f}, waiting max "
+                  f"{backend['waiting_max']:.0f}, {backend['tokens_per_s']:.1f} tokens/s", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model_dir", type=Path)
+    ap.add_argument("--size", choices=("tiny", "full"), default="full")
+    ap.add_argument("--frontends", type=int, default=1)
+    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--max_batch", type=int, default=8)
+    ap.add_argument("--concurrency", default="1,4,8")
+    ap.add_argument("--requests", type=int, default=0)
+    ap.add_argument("--modes", default=",".join(load.MODES))
+    ap.add_argument("--apis", default="pai,openai")
+    ap.add_argument("--tokens", type=int, default=100)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--capacity", action="store_true")
+    ap.add_argument("--split_cost", action="store_true")
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--backend_url")
+    ap.add_argument("--frontend_urls")
+    ap.add_argument("--api_key", default=os.environ.get("COSY_API_KEY"), help="the frontends' key, if any")
+    ap.add_argument("--llm_api_key", default=os.environ.get("COSY_LLM_API_KEY", "bench-key"))
+    args = ap.parse_args()
+    model_dir = args.model_dir or ROOT / ".cache" / f"{args.size}-random"
+    if not (model_dir / "llm.pt").exists():
+        from cosy.verify.random_model import write_random_model
+        write_random_model(model_dir, args.size, seed=0)
+    levels = [int(c) for c in args.concurrency.split(",")]
+    procs, report = [], {"args": {k: str(v) for k, v in vars(args).items()}, "levels": []}
+    data_dir = Path(tempfile.mkdtemp(prefix="cosy-bench-data-"))
+    try:
+        llm_url = args.backend_url
+        if not llm_url:
+            from lm_throughput import start_backend
+            proc, llm_url = start_backend(model_dir, 8123, args.llm_api_key)
+            procs.append(proc)
+        metrics = BackendMetrics(llm_url, args.llm_api_key)
+        if args.frontend_urls:
+            urls = args.frontend_urls.split(",")
+        else:
+            started = [start_frontend(model_dir, data_dir, 8200 + i, args, llm_url) for i in range(args.frontends)]
+            procs += [p for p, _ in started]
+            urls = [u for _, u in started]
+        targets = [load.prepare(load.Target(u, args.api_key)) for u in urls]
+        print(f"model {model_dir}; {args.tokens} tokens per request; {len(urls)} frontend(s) x {args.workers} "
+              f"worker(s) x max_batch {args.max_batch}; backend {llm_url}", flush=True)
+        load.run_level(targets[:1], ["voice"], ["pai"], 1, 1)  # warm-up
+        if args.capacity:
+            a = backend_saturation(model_dir, llm_url, args.llm_api_key, args.tokens)
+            n = args.workers * args.max_batch * 2
+            results, wall = load.run_level(targets[:1], ["voice"], ["pai"], n, n)
+            b = sum(r.audio for r in results if r.ok) * TOKEN_RATE / wall
+            report["capacity"] = {"backend_tokens_per_s": a, "frontend_tokens_per_s": b, "ratio": a / b}
+            print(f"capacity: backend alone {a:.1f} tokens/s (32 LM requests at once); one frontend consumes "
+                  f"{b:.1f} tokens/s at saturation ({n} requests in flight: audio-s/wall-s x {TOKEN_RATE}); "
+                  f"frontends per backend = {a:.1f} / {b:.1f} = {a / b:.2f}", flush=True)
+        drive(targets, args, metrics, levels, report)
+        if args.split_cost:
+            proc, embedded_url = start_frontend(model_dir, data_dir, 8299, args, None)
+            procs.append(proc)
+            embedded = load.prepare(load.Target(embedded_url, args.api_key))
+            load.run_level([embedded], ["voice"], ["pai"], 1, 1)  # warm-up
+            k = max(3, args.requests)
+            split = load.summarize(*load.run_level(targets[:1], ["voice"], ["pai"], 1, k))
+            local = load.summarize(*load.run_level([embedded], ["voice"], ["pai"], 1, k))
+            report["split_cost"] = {"backend": split, "embedded": local}
+            print(f"split cost at 1 concurrent ({k} requests): first packet {split['first_p50']:.2f}s through the "
+                  f"backend vs {local['first_p50']:.2f}s embedded ({split['first_p50'] - local['first_p50']:+.2f}s); "
+                  f"RTF {split['rtf_p50']:.2f} vs {local['rtf_p50']:.2f} "
+                  f"({100 * (split['rtf_p50'] / local['rtf_p50'] - 1):+.0f}%)", flush=True)
+    finally:
+        for p in reversed(procs):
+            stop(p)
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
