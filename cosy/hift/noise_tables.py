@@ -26,7 +26,7 @@ from cosy.hift.config import CausalHiFTConfig
 MIN_ROWS = 10 * 24000  # first draw: 10 s of samples
 
 
-def _linear_init(g: torch.Generator, n_out: int, n_in: int) -> None:
+def linear_init(g: torch.Generator, n_out: int, n_in: int) -> None:
     """The draws of nn.Linear / nn.Conv1d default init (kaiming_uniform_ weight, uniform_ bias): one per value."""
     torch.empty(n_out * n_in).uniform_(generator=g)
     torch.empty(n_out).uniform_(generator=g)
@@ -37,12 +37,12 @@ def state_before_source(cfg: CausalHiFTConfig) -> Tensor:
     g = torch.Generator().manual_seed(0)  # the CFM's set_all_random_seed(0)
     torch.empty(1, cfg.flow_output_size, cfg.cfm_noise_frames).normal_(generator=g)  # CFM rand_noise
     torch.empty(cfg.flow_vocab_size, cfg.flow_input_size).normal_(generator=g)  # flow input_embedding
-    _linear_init(g, cfg.flow_output_size, cfg.flow_spk_embed_dim)  # flow spk_embed_affine_layer
+    linear_init(g, cfg.flow_output_size, cfg.flow_spk_embed_dim)  # flow spk_embed_affine_layer
     c = cfg.f0_cond_channels
-    _linear_init(g, c, cfg.f0_in_channels * (cfg.f0_look_right + 1))  # f0 condnet.0 (weight norm draws nothing)
+    linear_init(g, c, cfg.f0_in_channels * (cfg.f0_look_right + 1))  # f0 condnet.0 (weight norm draws nothing)
     for _ in range(4):
-        _linear_init(g, c, c * 3)  # condnet.2 .. condnet.8
-    _linear_init(g, cfg.f0_num_class, c)  # classifier
+        linear_init(g, c, c * 3)  # condnet.2 .. condnet.8
+    linear_init(g, cfg.f0_num_class, c)  # classifier
     return g.get_state()
 
 
@@ -78,14 +78,3 @@ class NoiseTables:
                     self._table = torch.rand(1, rows, self.n_sines, generator=g)
                 table = self._table
         return table[:, :n]
-
-
-def uv_table(state: Tensor, n_sines: int, max_samples: int, n: int) -> Tensor:
-    """The first n rows of the official (unused) `uv` table: drawn after the whole sine table (slow, ~290 MB);
-    for verification only."""
-    g = torch.Generator()
-    g.set_state(state)
-    torch.rand(1, n_sines, generator=g)
-    torch.rand(1, max_samples, n_sines, generator=g)
-    _linear_init(g, 1, n_sines)  # l_linear
-    return torch.rand(1, max_samples, 1, generator=g)[:, :n].clone()

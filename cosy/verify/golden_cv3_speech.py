@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from cosy.hift.noise_tables import NoiseTables, state_before_source, uv_table
+from cosy.hift.noise_tables import NoiseTables, linear_init, state_before_source
 from cosy.model.family import import_object
 from cosy.pipeline.token2wav import FlowPrompt, Token2Wav
 from cosy.verify.golden_cases import GoldenModels
@@ -62,48 +62,63 @@ def hift_stream_case(g: GoldenModels, case: dict) -> dict[str, Any]:
     return {"chunks": chunks}
 
 
-def _tables_match(state: Tensor, prefix: str, g: GoldenModels, uv: bool) -> dict[str, tuple]:
-    cfg = g.hift.cfg
-    tables = NoiseTables(state, cfg.nb_harmonics + 1, cfg.max_seconds * cfg.sampling_rate)
-    n = g.tensors[f"{prefix}sine_waves_prefix"].shape[1]
-    out = {f"[{prefix}rand_ini]": (torch.equal(tables.rand_ini, g.tensors[f"{prefix}rand_ini"]), True),
-           f"[{prefix}sine_waves_prefix]": (torch.equal(tables.sine_waves(n), g.tensors[f"{prefix}sine_waves_prefix"]),
-                                            True)}
-    if uv:
-        out[f"[{prefix}uv_prefix]"] = (torch.equal(uv_table(state, cfg.nb_harmonics + 1,
-                                                            cfg.max_seconds * cfg.sampling_rate, n),
-                                                   g.tensors[f"{prefix}uv_prefix"]), True)
+CHUNK = 1 << 20  # table rows per step of the checksums (bounded memory)
+
+
+def _sums(chunks) -> dict[str, float]:
+    """Float64 sum, sum_abs, sum_sq, min, max over an iterable of tensors."""
+    out = {"sum": 0.0, "sum_abs": 0.0, "sum_sq": 0.0, "min": float("inf"), "max": float("-inf")}
+    for c in chunks:
+        x = c.double()
+        out["sum"] += x.sum().item()
+        out["sum_abs"] += x.abs().sum().item()
+        out["sum_sq"] += (x * x).sum().item()
+        out["min"], out["max"] = min(out["min"], x.min().item()), max(out["max"], x.max().item())
     return out
 
 
-def _checksums(table: Tensor, ref: dict) -> dict[str, tuple]:
-    """Float64 checksums of a whole table against the official ones (relative 1e-9: summation order)."""
-    x = table.double()
-    ours = {"sum": x.sum().item(), "sum_abs": x.abs().sum().item(), "sum_sq": (x * x).sum().item(),
-            "min": x.min().item(), "max": x.max().item()}
-    return {k: (abs(ours[k] - ref[k]) <= 1e-9 * max(1.0, abs(ref[k])), True) for k in ours if k in ref}
+def _close(ours: dict[str, float], ref: dict, label: str) -> dict[str, tuple]:
+    """(ours within 1e-9 relative of the official checksum, True) per statistic: only summation order differs."""
+    return {f"[{label}.{k}]": (abs(ours[k] - ref[k]) <= 1e-9 * max(1.0, abs(ref[k])), True) for k in ours if k in ref}
+
+
+def _official_uv(state: Tensor, n_sines: int, max_samples: int) -> Tensor:
+    """The official (unused) `uv` table: drawn after rand_ini, the whole sine table and l_linear's init."""
+    g = torch.Generator()
+    g.set_state(state)
+    torch.rand(1, n_sines, generator=g)
+    for start in range(0, max_samples, CHUNK):  # consecutive draws continue one stream
+        torch.rand(1, min(CHUNK, max_samples - start), n_sines, generator=g)
+    linear_init(g, 1, n_sines)
+    return torch.rand(1, max_samples, 1, generator=g)
 
 
 @torch.inference_mode()
 def hift_noise_tables_case(g: GoldenModels, case: dict) -> dict[str, Any]:
-    """The tables of the loaded vocoder (its generator state replayed from the yaml) equal the official ones;
-    the replayed states equal the recorded ones, for this model and for the published full size."""
-    source = g.hift.m_source
+    """The loaded vocoder's tables (generator state replayed from the yaml) equal the official ones, whole
+    tables by checksum; the replayed states equal the recorded ones, for this model and the published size."""
     cfg = g.hift.cfg
+    n_sines, max_samples = cfg.nb_harmonics + 1, cfg.max_seconds * cfg.sampling_rate
     n = g.tensors["hift.noise.sine_waves_prefix"].shape[1]
-    out: dict[str, Any] = {"rand_ini": source.tables.rand_ini, "sine_waves_prefix": source.tables.sine_waves(n)}
+    tables = g.hift.m_source.tables
+    out: dict[str, Any] = {"rand_ini": tables.rand_ini, "sine_waves_prefix": tables.sine_waves(n)}
     state = state_before_source(cfg)
-    out["uv_prefix"] = uv_table(state, cfg.nb_harmonics + 1, cfg.max_seconds * cfg.sampling_rate, n)
     out["[state replayed = recorded]"] = (torch.equal(state, g.tensors["hift.noise.rng_state_before_sinegen2"]), True)
-    whole = source.tables.sine_waves(cfg.max_seconds * cfg.sampling_rate)
-    sums = g.extra["hift_noise_tables"]["sine_waves"]["checksum_whole"]
-    out.update({f"[sine_waves.checksum_whole.{k}]": v for k, v in _checksums(whole, sums).items()})
-    # the published size: only the f0 predictor's width differs among what the replay depends on
-    full = replace(cfg, f0_cond_channels=512)
-    full_state = state_before_source(full)
+    ref = g.extra["hift_noise_tables"]
+    whole = NoiseTables(state, n_sines, max_samples).sine_waves(max_samples)  # a private copy: 260 MB, freed
+    out.update(_close(_sums(whole[:, i:i + CHUNK] for i in range(0, max_samples, CHUNK)),
+                      ref["sine_waves"]["checksum_whole"], "sine_waves.checksum_whole"))
+    del whole
+    uv = _official_uv(state, n_sines, max_samples)
+    out["uv_prefix"] = uv[:, :n].clone()
+    out.update(_close(_sums([uv]), ref["uv"]["checksum_whole"], "uv.checksum_whole"))
+    # the published size: of what the replay depends on, only the f0 predictor's width differs
+    full_state = state_before_source(replace(cfg, f0_cond_channels=512))
     out["[full_size state replayed = recorded]"] = (
         torch.equal(full_state, g.tensors["full_size.hift_rng_state_before_sinegen2"]), True)
-    out.update(_tables_match(full_state, "full_size.hift_noise_", g, uv=False))
+    full = NoiseTables(full_state, n_sines, max_samples)
+    for name, mine in (("rand_ini", full.rand_ini), ("sine_waves_prefix", full.sine_waves(n))):
+        out[f"[full_size.{name}]"] = (torch.equal(mine, g.tensors[f"full_size.hift_noise_{name}"]), True)
     return out
 
 
