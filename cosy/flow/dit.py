@@ -68,11 +68,20 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, dim: int, base: float = 10000.0):
         super().__init__()
-        self.register_buffer("inv_freq", 1.0 / base ** (torch.arange(0, dim, 2).float() / dim))
+        self.dim, self.base = dim, base
+        self.register_buffer("inv_freq", self._inv_freq())
+
+    def _inv_freq(self, device: torch.device | None = None) -> Tensor:
+        return 1.0 / self.base ** (torch.arange(0, self.dim, 2, device=device).float() / self.dim)
 
     def angles(self, seq_len: int, device: torch.device) -> Tensor:
-        """(T, dim) rotation angles, each frequency twice in a row (pairs are adjacent channels)."""
-        freqs = torch.outer(torch.arange(seq_len, device=device).to(self.inv_freq.dtype), self.inv_freq)
+        """(T, dim) float32 rotation angles, each frequency twice in a row (pairs are adjacent channels).
+
+        Always float32 (as the official under autocast): a flow cast to half precision would otherwise
+        round positions x frequencies to a few bits; the buffer is then recomputed (it equals flow.pt's).
+        """
+        inv = self.inv_freq if self.inv_freq.dtype == torch.float32 else self._inv_freq(device)
+        freqs = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv)
         return torch.stack((freqs, freqs), dim=-1).flatten(-2)
 
 

@@ -60,7 +60,7 @@ class CausalSourceModule(nn.Module):
         if noise:
             # voiced: small noise (sigma); unvoiced: about the sine amplitude; uniform [0, 1) table (official)
             noise_amp = uv * self.noise_std + (1 - uv) * self.sine_amp / 3
-            table = self.tables.sine_waves(sines.size(1)).to(device=sines.device, dtype=sines.dtype)
+            table = self.tables.sine_waves(sines.size(1), sines.device).to(sines.dtype)
             excitation = excitation + noise_amp * table
         merged = F.linear(excitation, self.l_linear.weight.float(), self.l_linear.bias.float())
         return torch.tanh(merged).transpose(1, 2)

@@ -61,10 +61,20 @@ class NoiseTables:
         self.rand_ini = rand_ini
         self._state_after_ini = g.get_state()
         self._table = torch.zeros(1, 0, n_sines)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
+        self._on_device: dict[torch.device, Tensor] = {}
 
-    def sine_waves(self, n: int) -> Tensor:
-        """The first n rows of the official `sine_waves` table (float32, CPU)."""
+    def sine_waves(self, n: int, device: torch.device | str = "cpu") -> Tensor:
+        """The first n rows of the official `sine_waves` table (float32) on `device` (a copy per device is
+        kept, grown with the CPU table, so calls do not copy from the host each time)."""
+        device = torch.device(device)
+        if device.type != "cpu":
+            with self._lock:
+                cached = self._on_device.get(device)
+                if cached is None or cached.size(1) < n:
+                    self.sine_waves(n)  # grows the CPU table to >= n rows
+                    cached = self._on_device[device] = self._table.to(device)
+            return cached[:, :n]
         if n > self.max_samples:
             raise ValueError(f"{n} samples exceed the HiFT noise table ({self.max_samples} samples, "
                              f"{self.max_samples // 24000} s at 24 kHz): synthesise shorter segments")
