@@ -114,13 +114,16 @@ def test_streaming_with_speed_revocodes_the_stretched_mel(model_dir, tensors):
     assert (speech - expected[0]).abs().max() < 1e-3
 
 
-def test_dit_flow_batch_runs_rows_solo(model_dir, tensors):
+def test_dit_flow_padded_batch_equals_solo(model_dir, tensors):
+    """Whole utterances of different lengths, prompts and speakers in one padded DiT batch: each row equals
+    its solo call to float rounding (1e-5 on the mel, the speech engine's rule)."""
     flow = load_flow(model_dir)
-    assert not flow.supports_batch()
-    p = (tensors["flow.prompt_token"], tensors["flow.prompt_feat"], tensors["flow.embedding"])
-    rows = [(tensors["flow.token"][:, :40], *p), (tensors["flow.token"][:, :55], *p)]
+    assert flow.supports_batch()
+    tok, pt, pf, emb = (tensors[k] for k in ("flow.token", "flow.prompt_token", "flow.prompt_feat", "flow.embedding"))
+    rows = [(tok[:, :40], pt, pf, emb), (tok, pt[:, :12], pf[:, :24], torch.randn(1, 192)), (tok[:, 5:60], pt, pf, emb)]
     for mine, row in zip(flow.inference_batch(rows), rows):
-        assert torch.equal(mine, flow.inference(*row, streaming=False, finalize=True))
+        solo = flow.inference(*row, streaming=False, finalize=True)
+        assert mine.shape == solo.shape and (mine - solo).abs().max() < 1e-5
 
 
 def _reference(section: str) -> list[tuple[str, tuple[int, ...], str]]:
@@ -163,3 +166,42 @@ def test_random_tiny_model_speaks(tmp_path):
     assert wav.shape == (60 * 480,) and wav.abs().max() > 0
     f0 = t2w.hift.predict_f0(t2w.mel(torch.randint(0, 6561, (1, 30), generator=g), prompt))
     assert (f0 > 10).float().mean() > 0.5
+
+
+def test_cached_streaming_equals_recompute(model_dir, tensors):
+    """With a state budget the DiT computes only new frames (and a saved voice's final prompt chunks once):
+    the same chunks as recomputing every prefix (mel to float rounding; audio within the golden tolerance,
+    the tiny model's x3360 f0 classifier amplifies mel rounding)."""
+    plain, cached = load_token2wav(model_dir), load_token2wav(model_dir, cache_mb=64)
+    assert cached.state_budget is not None
+    tokens = torch.cat([tensors["flow.prompt_token"]] * 3 + [tensors["flow.prompt_token"][:, :2]], dim=1)
+    mel = torch.randn(1, 2 * tokens.shape[1], 80, generator=torch.Generator().manual_seed(5)) * 0.5 - 5
+    chunks = []
+    for t2w, key in ((plain, None), (cached, "voice")):  # 62-token prompt: two chunks final without target
+        stream = t2w.stream(FlowPrompt(tokens, mel, tensors["flow.embedding"], key))
+        out = []
+        for i in range(0, 200, 50):
+            out += stream.push(tensors["flow.token"][0].tolist()[i % 100:i % 100 + 50])
+        chunks.append(out + [stream.finish()])
+    assert cached.state_budget.voice("voice") is not None
+    assert [c.shape for c in chunks[0]] == [c.shape for c in chunks[1]] and len(chunks[0]) >= 3
+    assert max((a - b).abs().max() for a, b in zip(*chunks)) < 1e-3
+
+
+def test_dit_new_frames_equal_the_full_streaming_call(model_dir, tensors):
+    """`incremental.sample_new` on the DiT: each streaming chunk's new frames from the state of earlier
+    ones equal the full prefix recomputation (1e-5 on the mel)."""
+    from cosy.flow import incremental
+
+    flow = load_flow(model_dir)
+    assert incremental.supports(flow)
+    p = (tensors["flow.prompt_token"], tensors["flow.prompt_feat"], tensors["flow.embedding"])
+    state, done = None, 0
+    for n in (33, 83):  # the official schedule's prefixes for a 20-token prompt: frames [0, 100), [100, 200)
+        tok = tensors["flow.token"][:, :n]
+        mu, spks, cond = flow.conditions(tok, *p, streaming=True, finalize=False)
+        new, state = incremental.sample_new(flow, mu, spks, cond, state)
+        full = flow.inference(tok, *p, streaming=True, finalize=False)  # frames [40, end)
+        assert new.shape[2] == state.frames - done
+        assert (new[:, :, max(0, 40 - done):] - full[:, :, max(0, done - 40):]).abs().max() < 1e-5
+        done = state.frames

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from cosy.flow.conformer import chunk_mask
+from cosy.flow.conformer import chunk_mask, combine_masks, padding_mask
 from cosy.flow.decoder import timestep_embedding
 from cosy.flow.dit_config import DiTConfig
 
@@ -109,7 +109,7 @@ class Attention(nn.Module):
         self.to_out = nn.ModuleList([nn.Linear(inner, dim)])
 
     def forward(self, x: Tensor, mask: Tensor | None, angles: Tensor) -> Tensor:
-        """x (B, T, dim), mask (T, T) bool (True = attend) or None, angles (T, dim_head) -> (B, T, dim)."""
+        """x (B, T, dim), mask (T, T) / (B, 1, 1|T, T) bool (True = attend) or None, angles (T, dim_head)."""
         b, t, _ = x.shape
         q = rotate_first(self.to_q(x), angles)  # before the head split: head 0 only (official quirk)
         k = rotate_first(self.to_k(x), angles)
@@ -192,19 +192,22 @@ class DiT(nn.Module):
             x: (B, 80, T) current sample.  mu: (B, 80, T) upsampled token features.  t: (B,) flow time.
             spks: (B, 80) projected speaker embedding.  cond: (B, 80, T) prompt mel, zeros after.
             streaming: block-causal attention instead of full.
-            lengths: padded batches are not supported (must be None).
+            lengths: (B,) valid frames per row of a right-padded batch, or None (unpadded). Padded keys are
+                masked; every conv is left-causal, so a valid frame never reads padding; padded frames come
+                back as zeros.
         Returns:
             (B, out_channels, T)
         """
-        if lengths is not None:
-            raise NotImplementedError("the DiT estimator runs unpadded rows only")
         n = x.size(2)
         t_emb = self.time_embed(t)
         h = self.input_embed(x.transpose(1, 2), cond.transpose(1, 2), mu.transpose(1, 2), spks)
         angles = self.rotary_embed.angles(n, x.device)
         mask = self.mask(n, streaming, x.device)
+        valid = None if lengths is None else padding_mask(lengths, n)  # (B, T)
+        mask = combine_masks(mask, valid)
         for block in self.transformer_blocks:
             h = block(h, t_emb, mask, angles)
         scale, shift = self.norm_out.modulation(t_emb)  # official order: scale first
         h = self.norm_out.norm(h) * (1 + scale) + shift
-        return self.proj_out(h).transpose(1, 2)
+        out = self.proj_out(h).transpose(1, 2)
+        return out if valid is None else out * valid.unsqueeze(1).to(out.dtype)

@@ -41,6 +41,11 @@ class DiTFlowModel(nn.Module):
                                                          hidden=cfg.pre_lookahead_channels)
             self.decoder = CausalConditionalCFM(cfg.cfm, est, estimator)
 
+    @property
+    def stream_chunk_tokens(self) -> int:
+        """Tokens per streaming attention chunk of the DiT (static_chunk_size mel frames)."""
+        return self.cfg.estimator.static_chunk_size // self.cfg.token_mel_ratio
+
     @torch.inference_mode()
     def conditions(self, token: Tensor, prompt_token: Tensor, prompt_feat: Tensor, embedding: Tensor,
                    streaming: bool, finalize: bool) -> tuple[Tensor, Tensor, Tensor]:
@@ -86,11 +91,41 @@ class DiTFlowModel(nn.Module):
         return mel[:, :, prompt_feat.size(1):].float()
 
     def supports_batch(self) -> bool:
-        """The DiT takes no padding masks: `inference_batch` runs its rows one by one."""
-        return False
+        """Whether `inference_batch` runs one padded batch (the estimator takes padding masks)."""
+        return isinstance(self.decoder.estimator, DiT)
 
     @torch.inference_mode()
     def inference_batch(self, rows: list[tuple[Tensor, Tensor, Tensor, Tensor]]) -> list[Tensor]:
-        """Whole utterances of several requests: (token, prompt_token, prompt_feat, embedding) per row ->
-        each row's `inference(..., streaming=False, finalize=True)` mel, computed solo."""
-        return [self.inference(*r, streaming=False, finalize=True) for r in rows]
+        """Whole utterances (non-streaming, final) of several requests as one padded batch.
+
+        rows: (token (1, T), prompt_token (1, Tp), prompt_feat (1, Tm, 80), embedding (1, 192)) per request.
+        Returns each row's `inference(..., streaming=False, finalize=True)` mel, equal to the solo call to
+        float rounding: padded tokens embed as zeros (the official masks them so; a row's last tokens then
+        see the zero look-ahead of a solo call), padded keys are masked, each row starts from the fixed noise
+        at frame 0; the CFG pair doubles the batch.
+        """
+        if len(rows) == 1 or not self.supports_batch():
+            return [self.inference(*r, streaming=False, finalize=True) for r in rows]
+        cfg = self.cfg
+        dev = self.spk_embed_affine_layer.weight.device
+        dtype = self.spk_embed_affine_layer.weight.dtype
+        seqs = [torch.cat([pt.to(dev), t.to(dev)], dim=1)[0] for t, pt, _, _ in rows]
+        lengths = torch.tensor([s.numel() for s in seqs], device=dev)
+        tokens = nn.utils.rnn.pad_sequence(seqs, batch_first=True, padding_value=0)
+        valid_tokens = torch.arange(tokens.size(1), device=dev).unsqueeze(0) < lengths.unsqueeze(1)
+        x = self.input_embedding(tokens.clamp(min=0)) * valid_tokens.unsqueeze(-1).to(dtype)
+        emb = torch.cat([e.to(dev) for _, _, _, e in rows])
+        spks = self.spk_embed_affine_layer(F.normalize(emb.to(dtype), dim=1))
+        h = self.pre_lookahead_layer(x).repeat_interleave(cfg.token_mel_ratio, dim=1)  # (B, T_mel, 80)
+        mel_lengths = lengths * cfg.token_mel_ratio
+        valid = (torch.arange(h.size(1), device=dev).unsqueeze(0) < mel_lengths.unsqueeze(1)).to(h.dtype)
+        mu = (h.transpose(1, 2) * valid.unsqueeze(1)).contiguous()
+        cond = torch.zeros_like(mu)
+        for i, (_, _, pf, _) in enumerate(rows):
+            n_prompt = pf.size(1)
+            if n_prompt > int(mel_lengths[i]):
+                raise ValueError(f"prompt mel ({n_prompt} frames) is longer than the encoded tokens "
+                                 f"({int(mel_lengths[i])} frames)")
+            cond[i, :, :n_prompt] = pf[0].to(device=dev, dtype=h.dtype).transpose(0, 1)
+        mel = self.decoder(mu, spks, cond, False, lengths=mel_lengths)
+        return [mel[i:i + 1, :, pf.size(1):int(mel_lengths[i])].float() for i, (_, _, pf, _) in enumerate(rows)]
