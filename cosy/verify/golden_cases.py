@@ -186,9 +186,9 @@ HANDLERS: list[tuple[Callable[[str], bool], Handler]] = [
 
 
 def family_handlers() -> list[tuple[Callable[[str], bool], Handler]]:
-    """The `HANDLERS` of every other `cosy.verify.golden_*` module (one per model family's cases, e.g.
-    `golden_cv3_speech`), found by name so a family adds its cases without editing this file. Imported on
-    first use: those modules import this one."""
+    """The `HANDLERS` (list of (producer test, handler)) of every other `cosy.verify.golden_*` module (a
+    family's cases, e.g. `golden_cv3_speech`), found by name so a family adds its cases without editing this
+    file. Imported on first use: those modules import this one."""
     import importlib
     import pkgutil
 
@@ -197,7 +197,7 @@ def family_handlers() -> list[tuple[Callable[[str], bool], Handler]]:
     found = []
     for m in sorted(m.name for m in pkgutil.iter_modules(package.__path__)):
         if m.startswith("golden_") and m not in ("golden_cases", "golden_check"):
-            found += importlib.import_module(f"{package.__name__}.{m}").HANDLERS
+            found += getattr(importlib.import_module(f"{package.__name__}.{m}"), "HANDLERS", [])
     return found
 
 
