@@ -21,7 +21,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from cosy.flow import incremental
+from cosy.flow.dit_model import DiTFlowModel
 from cosy.flow.model import FlowModel
+from cosy.hift.causal_generator import CausalHiFTGenerator
 from cosy.hift.generator import HiFTGenerator
 from cosy.model.family import import_object
 from cosy.model.files import ModelDir
@@ -111,8 +113,8 @@ class Token2Wav:
     `ModelFamily.stream_vocoder`; CosyVoice2's crossfade by default).
     """
 
-    def __init__(self, flow: FlowModel, hift: HiFTGenerator, hop_len: int = 25, max_hop_len: int = 100,
-                 hop_growth: int = 2, state_budget: StateBudget | None = None,
+    def __init__(self, flow: FlowModel | DiTFlowModel, hift: HiFTGenerator | CausalHiFTGenerator, hop_len: int = 25,
+                 max_hop_len: int = 100, hop_growth: int = 2, state_budget: StateBudget | None = None,
                  stream_vocoder: Callable[..., Any] = CrossfadeVocoder):
         self.flow = flow.eval()
         # streaming computes only new frames when a budget is given (else every chunk recomputes the prefix)
