@@ -16,11 +16,13 @@ from cosy.flow.conformer import ConformerEncoderLayer, LinearEmbed, chunk_mask, 
 class PreLookaheadLayer(nn.Module):
     """Lets each token see `pre_lookahead_len` future tokens: conv over [x, look-ahead], causal conv, residual."""
 
-    def __init__(self, channels: int, pre_lookahead_len: int):
+    def __init__(self, channels: int, pre_lookahead_len: int, hidden: int | None = None):
+        """`hidden`: width between the two convs (CosyVoice3: 1024 around 80 channels); default `channels`."""
         super().__init__()
         self.pre_lookahead_len = pre_lookahead_len
-        self.conv1 = nn.Conv1d(channels, channels, kernel_size=pre_lookahead_len + 1)
-        self.conv2 = nn.Conv1d(channels, channels, kernel_size=3)
+        hidden = channels if hidden is None else hidden
+        self.conv1 = nn.Conv1d(channels, hidden, kernel_size=pre_lookahead_len + 1)
+        self.conv2 = nn.Conv1d(hidden, channels, kernel_size=3)
 
     def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:
         """x (B, T, C), context (B, Tc <= pre_lookahead_len, C) = the embedded future tokens, or None -> (B, T, C)."""

@@ -1,5 +1,7 @@
 """Streaming flow that computes only new frames: the estimator's per-step state of finished frames.
 
+Both estimators have this path: CosyVoice2's U-Net (here) and CosyVoice3's DiT (`cosy.flow.dit_incremental`).
+
 With chunk masks (streaming, non-final calls) a frame attends only to frames of its own and earlier
 chunks, convolutions are causal and the CFM noise is sliced from frame 0, so the estimator's values on a
 finished frame never change. To run the estimator on new frames only, each ODE step needs, of every earlier
@@ -20,6 +22,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from cosy.flow.decoder import CausalBlock1D, CausalConditionalDecoder, CausalResnetBlock1D, timestep_embedding
+from cosy.flow.dit import DiT
+from cosy.flow.dit_incremental import estimate_dit
 from cosy.flow.model import FlowModel
 
 Step = dict[str, Tensor]  # name -> K/V (2, H, P, d) or conv tail (2, C, kernel - 1)
@@ -38,9 +42,9 @@ class FlowState:
 
 
 def supports(flow: FlowModel) -> bool:
-    """Whether this flow's estimator has the incremental path (CosyVoice2's U-Net with full left context)."""
+    """Whether this flow's estimator has the incremental path (U-Net or DiT, with full left context)."""
     est = flow.decoder.estimator
-    return isinstance(est, CausalConditionalDecoder) and est.cfg.num_decoding_left_chunks < 0
+    return type(est) in ESTIMATES and est.cfg.num_decoding_left_chunks < 0
 
 
 class _Run:
@@ -106,6 +110,10 @@ def estimate(dec: CausalConditionalDecoder, run: _Run, x: Tensor, mu: Tensor, t:
     return dec.final_proj(run.block(dec.final_block, h, "f"))
 
 
+# estimator class -> its forward(streaming=True) on new frames
+ESTIMATES = {CausalConditionalDecoder: estimate, DiT: estimate_dit}
+
+
 @torch.inference_mode()
 def sample_new(flow: FlowModel, mu: Tensor, spks: Tensor, cond: Tensor, state: FlowState | None,
                stop: int | None = None) -> tuple[Tensor, FlowState]:
@@ -132,7 +140,7 @@ def sample_new(flow: FlowModel, mu: Tensor, spks: Tensor, cond: Tensor, state: F
     for step in range(1, len(t_span)):
         run = _Run(state.steps[step - 1] if state is not None else None, past, n, dec.cfg.static_chunk_size,
                    mu.device)
-        v = estimate(dec, run, torch.cat([x, x]), mu_in, t.expand(2), spks_in, cond_in)
+        v = ESTIMATES[type(dec)](dec, run, torch.cat([x, x]), mu_in, t.expand(2), spks_in, cond_in)
         steps.append(run.new)
         x = x + dt * ((1.0 + rate) * v[:1] - rate * v[1:])
         t = t + dt
@@ -144,6 +152,6 @@ def sample_new(flow: FlowModel, mu: Tensor, spks: Tensor, cond: Tensor, state: F
 def prompt_frames(flow: FlowModel, n_prompt_tokens: int) -> int:
     """Frames of a prompt that are final without any target token: whole chunks whose 3 look-ahead tokens
     are still prompt tokens (all but the chunk that holds the prompt's last tokens)."""
-    chunk = flow.cfg.encoder.static_chunk_size
+    chunk = flow.stream_chunk_tokens
     final_chunks = max(0, (n_prompt_tokens - flow.cfg.pre_lookahead_len) // chunk)
     return final_chunks * chunk * flow.cfg.token_mel_ratio

@@ -41,6 +41,11 @@ class FlowModel(nn.Module):
             self.encoder_proj = nn.Linear(enc.output_size, cfg.output_size)
             self.decoder = CausalConditionalCFM(cfg.cfm, cfg.estimator, estimator)
 
+    @property
+    def stream_chunk_tokens(self) -> int:
+        """Tokens per streaming attention chunk (the encoder's; the estimator's chunk is ratio x this)."""
+        return self.cfg.encoder.static_chunk_size
+
     @torch.inference_mode()
     def conditions(self, token: Tensor, prompt_token: Tensor, prompt_feat: Tensor, embedding: Tensor,
                    streaming: bool, finalize: bool) -> tuple[Tensor, Tensor, Tensor]:

@@ -1,5 +1,5 @@
 """HiFT vocoder: mel (B, 80, T) -> 24 kHz speech (B, T*480)."""
-from cosy.hift.config import HiFTConfig
+from cosy.hift.config import CausalHiFTConfig, HiFTConfig
 from cosy.hift.generator import HiFTGenerator
 from cosy.hift.weights import (
     fold_weight_norm,
@@ -10,6 +10,7 @@ from cosy.hift.weights import (
 )
 
 __all__ = [
+    "CausalHiFTConfig",
     "HiFTConfig",
     "HiFTGenerator",
     "fold_weight_norm",

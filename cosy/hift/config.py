@@ -40,3 +40,22 @@ class HiFTConfig:
     def stft_channels(self) -> int:
         """Real + imaginary bins of the source STFT (n_fft + 2 = 18)."""
         return self.istft_n_fft + 2
+
+
+@dataclass
+class CausalHiFTConfig(HiFTConfig):
+    """CosyVoice3's `CausalHiFTGenerator` (+ `CausalConvRNNF0Predictor`); defaults: Fun-CosyVoice3-0.5B.
+
+    The flow_* sizes are not HiFT's: they are what the official yaml builds from the torch RNG between the
+    CFM's reseed and the HiFT source (the flow's token embedding and speaker projection), which fixes the
+    source's noise tables (see `cosy.hift.noise_tables`).
+    """
+
+    conv_pre_look_right: int = 4  # mel frames of right context of conv_pre (kernel conv_pre_look_right + 1)
+    f0_look_right: int = 3  # of the f0 predictor's first conv (kernel 4); official hard-coded
+    flow_vocab_size: int = 6561
+    flow_input_size: int = 80
+    flow_spk_embed_dim: int = 192
+    flow_output_size: int = 80
+    cfm_noise_frames: int = 15000  # the CFM's seed-0 noise (1, 80, frames), drawn right after the reseed
+    max_seconds: int = 300  # length of the official noise tables: one call's cap

@@ -16,6 +16,7 @@ from torch import nn
 from cosy.hift.config import HiFTConfig
 from cosy.hift.f0_predictor import ConvRNNF0Predictor
 from cosy.hift.source import SourceModuleHnNSF
+from cosy.hift.weights import fold_weight_norm
 
 
 class Snake(nn.Module):
@@ -86,6 +87,11 @@ class HiFTGenerator(nn.Module):
         )
         self.conv_post = nn.Conv1d(ch[-1], cfg.stft_channels, 7, padding=3)
         self.f0_predictor = ConvRNNF0Predictor(cfg)
+
+    @staticmethod
+    def fold_checkpoint(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """hift.pt (either weight-norm naming, optional `generator.` prefix) -> this module's state dict."""
+        return fold_weight_norm(sd)
 
     # -- pieces --------------------------------------------------------------------------------------------
 

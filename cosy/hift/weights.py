@@ -30,11 +30,12 @@ def _split(key: str) -> tuple[str, int] | None:
     return None
 
 
-def fold_weight_norm(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def fold_weight_norm(sd: dict[str, torch.Tensor], float64_prefixes: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
     """Checkpoint state dict (either naming style, optional `generator.` prefix) -> plain `X.weight` keys.
 
     Uses `torch._weight_norm`, the op the official modules run at every forward, so the folded weights are
-    bit-identical to what the official model computes.
+    bit-identical to what the official model computes. Tensors under `float64_prefixes` (a submodule the
+    official casts to float64 before use: CosyVoice3's f0 predictor) are folded and returned in float64.
     """
     out: dict[str, torch.Tensor] = {}
     pairs: dict[str, list[torch.Tensor | None]] = {}
@@ -53,7 +54,12 @@ def fold_weight_norm(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     for base, (g, v) in pairs.items():
         if g is None or v is None:
             raise ValueError(f"weight norm of {base!r} lacks its {'g' if g is None else 'v'} tensor")
-        out[base + ".weight"] = torch._weight_norm(v.float(), g.float(), 0).to(v.dtype)
+        if base.startswith(float64_prefixes):
+            out[base + ".weight"] = torch._weight_norm(v.double(), g.double(), 0)
+        else:
+            out[base + ".weight"] = torch._weight_norm(v.float(), g.float(), 0).to(v.dtype)
+    if float64_prefixes:
+        out = {k: v.double() if k.startswith(float64_prefixes) else v for k, v in out.items()}
     return out
 
 

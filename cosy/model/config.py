@@ -1,7 +1,9 @@
-"""The hyperparameters of a model directory, read out of its yaml (`cosyvoice2.yaml`) as data.
+"""The hyperparameters of a model directory, read out of its yaml (`cosyvoice2.yaml`, `cosyvoice3.yaml`) as data.
 
 Only the values our modules need are taken; the yaml's class names are checked against the family's
 `yaml_classes` (so a CosyVoice 1 or 3 yaml under the wrong name fails clearly) but never imported.
+Which arguments are read depends on the class the yaml builds, as the official loader builds whatever the
+tag names: `FLOW_READERS` / `HIFT_READERS` map the official class name to its reader.
 """
 from __future__ import annotations
 
@@ -10,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from cosy.flow.config import CFMConfig, EncoderConfig, EstimatorConfig, FlowConfig
-from cosy.hift.config import HiFTConfig
+from cosy.flow.dit_config import DiTConfig, DiTFlowConfig
+from cosy.hift.config import CausalHiFTConfig, HiFTConfig
 from cosy.model import families
 from cosy.model.family import ModelFamily
 from cosy.model.hyperyaml import Tagged, load_hyperyaml
@@ -38,8 +41,8 @@ class ModelConfig:
     llm_input_size: int
     speech_token_size: int
     sampling: SamplingParams  # RAS parameters of `llm.sampling`
-    flow: FlowConfig
-    hift: HiFTConfig
+    flow: FlowConfig | DiTFlowConfig
+    hift: HiFTConfig | CausalHiFTConfig
 
 
 def _node(doc: dict, path: str, expected_classes: dict[str, str]) -> Tagged:
@@ -54,11 +57,16 @@ def _node(doc: dict, path: str, expected_classes: dict[str, str]) -> Tagged:
     return node
 
 
+def _cfm_config(cfm: Tagged) -> CFMConfig:
+    params = cfm.get("cfm_params")
+    params = params.get("content", {}) if isinstance(params, Tagged) else (params or {})
+    return CFMConfig(inference_cfg_rate=float(params.get("inference_cfg_rate", 0.7)),
+                     t_scheduler=str(params.get("t_scheduler", "cosine")))
+
+
 def _flow_config(doc: dict, classes: dict[str, str]) -> FlowConfig:
     flow, enc = _node(doc, "flow", classes), _node(doc, "flow.encoder", classes)
     cfm, est = _node(doc, "flow.decoder", classes), _node(doc, "flow.decoder.estimator", classes)
-    cfm_params = cfm.get("cfm_params")
-    cfm_params = cfm_params.get("content", {}) if isinstance(cfm_params, Tagged) else (cfm_params or {})
     ratio = int(flow.get("token_mel_ratio", 2))
     lookahead = int(flow.get("pre_lookahead_len", 3))
     return FlowConfig(
@@ -89,17 +97,46 @@ def _flow_config(doc: dict, classes: dict[str, str]) -> FlowConfig:
             static_chunk_size=int(est.get("static_chunk_size", 50)),
             num_decoding_left_chunks=int(est.get("num_decoding_left_chunks", -1)),
         ),
-        cfm=CFMConfig(
-            inference_cfg_rate=float(cfm_params.get("inference_cfg_rate", 0.7)),
-            t_scheduler=str(cfm_params.get("t_scheduler", "cosine")),
-        ),
+        cfm=_cfm_config(cfm),
     )
 
 
-def _hift_config(doc: dict, classes: dict[str, str]) -> HiFTConfig:
+def _dit_flow_config(doc: dict, classes: dict[str, str]) -> DiTFlowConfig:
+    flow, pre = _node(doc, "flow", classes), _node(doc, "flow.pre_lookahead_layer", classes)
+    cfm, est = _node(doc, "flow.decoder", classes), _node(doc, "flow.decoder.estimator", classes)
+    lookahead = int(flow.get("pre_lookahead_len", 3))
+    if int(pre.get("pre_lookahead_len", lookahead)) != lookahead or int(pre["in_channels"]) != int(flow["input_size"]):
+        raise ValueError("flow.pre_lookahead_layer must match the flow's pre_lookahead_len and input_size")
+    mel_dim = int(est.get("mel_dim", 80))
+    return DiTFlowConfig(
+        vocab_size=int(flow["vocab_size"]),
+        input_size=int(flow["input_size"]),
+        output_size=int(flow["output_size"]),
+        spk_embed_dim=int(flow["spk_embed_dim"]),
+        token_mel_ratio=int(flow.get("token_mel_ratio", 2)),
+        pre_lookahead_len=lookahead,
+        pre_lookahead_channels=int(pre["channels"]),
+        estimator=DiTConfig(
+            dim=int(est["dim"]),
+            depth=int(est["depth"]),
+            heads=int(est["heads"]),
+            dim_head=int(est["dim_head"]),
+            ff_mult=int(est.get("ff_mult", 4)),
+            mel_dim=mel_dim,
+            mu_dim=int(est.get("mu_dim") or mel_dim),
+            spk_dim=int(est["spk_dim"]),
+            out_channels=int(est.get("out_channels") or mel_dim),
+            static_chunk_size=int(est.get("static_chunk_size", 50)),
+            num_decoding_left_chunks=int(est.get("num_decoding_left_chunks", -1)),
+        ),
+        cfm=_cfm_config(cfm),
+    )
+
+
+def _hift_args(doc: dict, classes: dict[str, str]) -> dict[str, Any]:
     hift, f0 = _node(doc, "hift", classes), _node(doc, "hift.f0_predictor", classes)
     istft = hift["istft_params"]
-    return HiFTConfig(
+    return dict(
         in_channels=int(hift["in_channels"]),
         base_channels=int(hift["base_channels"]),
         nb_harmonics=int(hift["nb_harmonics"]),
@@ -121,6 +158,36 @@ def _hift_config(doc: dict, classes: dict[str, str]) -> HiFTConfig:
         f0_in_channels=int(f0.get("in_channels", 80)),
         f0_cond_channels=int(f0.get("cond_channels", 512)),
     )
+
+
+def _hift_config(doc: dict, classes: dict[str, str]) -> HiFTConfig:
+    return HiFTConfig(**_hift_args(doc, classes))
+
+
+def _causal_hift_config(doc: dict, classes: dict[str, str]) -> CausalHiFTConfig:
+    """CausalHiFTGenerator; also what the yaml builds before it that draws from the torch RNG (the flow's
+    token embedding and speaker projection), which fixes its noise tables (`cosy.hift.noise_tables`)."""
+    hift, flow = _node(doc, "hift", classes), _node(doc, "flow", classes)
+    return CausalHiFTConfig(
+        **_hift_args(doc, classes),
+        conv_pre_look_right=int(hift.get("conv_pre_look_right", 4)),
+        flow_vocab_size=int(flow["vocab_size"]),
+        flow_input_size=int(flow["input_size"]),
+        flow_spk_embed_dim=int(flow["spk_embed_dim"]),
+        flow_output_size=int(flow["output_size"]),
+    )
+
+
+# official class name (last dotted part of the yaml tag) -> reader of its arguments
+FLOW_READERS = {"CausalMaskedDiffWithXvec": _flow_config, "CausalMaskedDiffWithDiT": _dit_flow_config}
+HIFT_READERS = {"HiFTGenerator": _hift_config, "CausalHiFTGenerator": _causal_hift_config}
+
+
+def _reader(readers: dict, doc: dict, path: str, classes: dict[str, str]):
+    name = classes.get(path, "")
+    if name not in readers:
+        raise ValueError(f"'{path}': no reader for the class {name or '(none named by the family)'}")
+    return readers[name](doc, classes)
 
 
 def read_model_config(yaml_path: str | Path, family: ModelFamily | None = None) -> ModelConfig:
@@ -147,8 +214,8 @@ def read_model_config(yaml_path: str | Path, family: ModelFamily | None = None) 
             sampling=SamplingParams(**{k: sampling.get(k, getattr(SamplingParams, k))
                                        for k in ("top_p", "top_k", "win_size", "tau_r")})
             if isinstance(sampling, Tagged) else SamplingParams(),
-            flow=_flow_config(doc, classes),
-            hift=_hift_config(doc, classes),
+            flow=_reader(FLOW_READERS, doc, "flow", classes),
+            hift=_reader(HIFT_READERS, doc, "hift", classes),
         )
     except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"{yaml_path}: {e}") from None

@@ -94,6 +94,9 @@ class ModelFamily:
     flow: str = "cosy.flow.model:FlowModel"
     flow_estimator: str = "cosy.flow.decoder:CausalConditionalDecoder"
     hift: str = "cosy.hift.generator:HiFTGenerator"
+    # streaming vocoder semantics (cosy.pipeline.stream_vocoder): CosyVoice2 crossfades chunks;
+    # CosyVoice3: "cosy.pipeline.stream_vocoder:RevocodeVocoder" (re-vocodes the whole mel, no fade)
+    stream_vocoder: str = "cosy.pipeline.stream_vocoder:CrossfadeVocoder"
 
     @property
     def expected_classes(self) -> dict[str, str]:

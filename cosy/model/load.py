@@ -9,7 +9,6 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from cosy.hift.weights import fold_weight_norm
 from cosy.model.family import import_object
 from cosy.model.files import ModelDir, load_strict
 
@@ -39,5 +38,6 @@ def load_hift(model_dir: str | Path | ModelDir, device: str | torch.device = "cp
     md = as_model_dir(model_dir)
     family, name = md.family, md.family.files.hift
     hift = import_object(family.hift)(md.config.hift)
-    load_strict(hift, fold_weight_norm(md.state_dict(name)), md.file(name), yaml=family.files.yaml)
+    # the class folds its checkpoint (weight norm; CosyVoice3 keeps its f0 predictor in float64)
+    load_strict(hift, hift.fold_checkpoint(md.state_dict(name)), md.file(name), yaml=family.files.yaml)
     return hift.to(device).eval()

@@ -3,7 +3,8 @@
 Streaming follows the official chunking: a chunk fires once `hop + lookahead` new tokens are there; the
 first hop is padded so that prompt + first chunk end on a chunk boundary; hops grow 25 -> 50 -> 100; each
 chunk re-runs the flow over prompt + all tokens so far (chunk masks, fixed noise, so the prefix is
-unchanged) and keeps the new mel frames; HiFT carries 8 mel frames and their source over and crossfades.
+unchanged) and keeps the new mel frames; how those become audio is the family's vocoder semantics
+(`cosy.pipeline.stream_vocoder`: CosyVoice2 crossfades HiFT chunks, CosyVoice3 re-vocodes the whole mel).
 Unlike the official code, every piece of state lives in the per-request `Token2WavStream`, so concurrent
 requests share only read-only modules, and speed control also works while streaming.
 """
@@ -20,13 +21,18 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from cosy.flow import incremental
+from cosy.flow.dit_model import DiTFlowModel
 from cosy.flow.model import FlowModel
+from cosy.hift.causal_generator import CausalHiFTGenerator
 from cosy.hift.generator import HiFTGenerator
+from cosy.model.family import import_object
 from cosy.model.files import ModelDir
 from cosy.model.load import as_model_dir, load_flow, load_hift
+from cosy.pipeline.stream_vocoder import MEL_CACHE_FRAMES, CrossfadeVocoder, crossfade, hamming_window
 from cosy.speech.cache import StateBudget
 
-MEL_CACHE_FRAMES = 8  # mel frames HiFT re-decodes at the start of the next chunk
+__all__ = ["MEL_CACHE_FRAMES", "FlowJob", "FlowPrompt", "MelStretcher", "Token2Wav", "Token2WavStream", "crossfade",
+           "load_token2wav"]
 
 
 @dataclass
@@ -42,18 +48,6 @@ class FlowPrompt:
     mel: Tensor
     embedding: Tensor
     cache_key: str | None = None
-
-
-def crossfade(head: Tensor, previous_tail: Tensor, window: Tensor) -> Tensor:
-    """Blend the first len(window)//2 samples of `head` (B, N) with `previous_tail` (B, >= len//2).
-
-    `window` is a symmetric window of even length 2L: its rising half weighs the new audio, its falling
-    half the old tail.
-    """
-    overlap = window.shape[0] // 2
-    out = head.clone()
-    out[:, :overlap] = head[:, :overlap] * window[:overlap] + previous_tail[:, -overlap:] * window[overlap:]
-    return out
 
 
 class MelStretcher:
@@ -113,10 +107,15 @@ class FlowJob:
 
 
 class Token2Wav:
-    """Flow + HiFT with the official streaming schedule. Stateless: per-request state is in streams."""
+    """Flow + HiFT with the official streaming schedule. Stateless: per-request state is in streams.
 
-    def __init__(self, flow: FlowModel, hift: HiFTGenerator, hop_len: int = 25, max_hop_len: int = 100,
-                 hop_growth: int = 2, state_budget: StateBudget | None = None):
+    `stream_vocoder`: the class turning a stream's mel chunks into audio (the family's
+    `ModelFamily.stream_vocoder`; CosyVoice2's crossfade by default).
+    """
+
+    def __init__(self, flow: FlowModel | DiTFlowModel, hift: HiFTGenerator | CausalHiFTGenerator, hop_len: int = 25,
+                 max_hop_len: int = 100, hop_growth: int = 2, state_budget: StateBudget | None = None,
+                 stream_vocoder: Callable[..., Any] = CrossfadeVocoder):
         self.flow = flow.eval()
         # streaming computes only new frames when a budget is given (else every chunk recomputes the prefix)
         self.state_budget = state_budget if state_budget is not None and incremental.supports(flow) else None
@@ -125,9 +124,8 @@ class Token2Wav:
         self.lookahead = flow.cfg.pre_lookahead_len
         self.samples_per_frame = math.prod(hift.cfg.upsample_rates) * hift.cfg.istft_hop_len  # 480
         self.source_cache_len = MEL_CACHE_FRAMES * self.samples_per_frame  # 3840
-        # np.hamming (symmetric), as the official crossfade uses
-        self.window = torch.hamming_window(2 * self.source_cache_len, periodic=False,
-                                           dtype=torch.float64).float().to(self.device)
+        self.window = hamming_window(hift, self.device)  # CosyVoice2's crossfade window
+        self.stream_vocoder = stream_vocoder
 
     @property
     def sample_rate(self) -> int:
@@ -208,7 +206,7 @@ class Token2WavStream:
         n_prompt = prompt.tokens.shape[1]
         self.first_pad = math.ceil(n_prompt / t2w.hop_len) * t2w.hop_len - n_prompt
         self.stretcher = MelStretcher(speed) if speed != 1.0 else None
-        self.cache: tuple[Tensor, Tensor, Tensor] | None = None  # (mel, source, speech tail)
+        self.vocoder = t2w.stream_vocoder(t2w.hift, generator, self.window)  # mel chunks -> audio chunks
         self.state: incremental.FlowState | None = None  # flow state of finished chunks (with a budget)
         self.finished = False
 
@@ -250,7 +248,7 @@ class Token2WavStream:
         """`finish()` as a batchable job (see `Token2Wav.run_jobs`); None when it computes no flow."""
         if self.finished:
             raise RuntimeError("this stream is finished")
-        if not self.tokens and self.cache is None:
+        if not self.tokens and self.vocoder.empty:
             return None
         token_tensor = torch.tensor(self.tokens, dtype=torch.int32).unsqueeze(0)
 
@@ -296,7 +294,7 @@ class Token2WavStream:
 
     def _chunk(self, tokens: list[int], finalize: bool) -> Tensor:
         t2w = self.t2w
-        if not tokens and self.cache is None:
+        if not tokens and self.vocoder.empty:
             return torch.zeros(0)
         token_tensor = torch.tensor(tokens, dtype=torch.int32).unsqueeze(0)
         if finalize:
@@ -309,24 +307,10 @@ class Token2WavStream:
         return self._vocode(mel, finalize)
 
     def _vocode(self, mel: Tensor, finalize: bool) -> Tensor:
-        """A chunk's new mel frames -> its audio (speed, HiFT cache and crossfade state of this stream)."""
-        t2w = self.t2w
+        """A chunk's new mel frames -> its audio (this stream's speed stretcher, then its vocoder state)."""
         if self.stretcher is not None:
             mel = self.stretcher.push(mel, final=finalize)
-        cache_source = None
-        if self.cache is not None:
-            mel = torch.cat([self.cache[0], mel], dim=2)
-            cache_source = self.cache[1]
-        if mel.shape[2] == 0:
-            return torch.zeros(0)
-        speech, source = t2w.hift.inference(mel, cache_source=cache_source, generator=self.generator)
-        if self.cache is not None:
-            speech = crossfade(speech, self.cache[2], self.window.to(speech))
-        if not finalize:
-            n = t2w.source_cache_len
-            self.cache = (mel[:, :, -MEL_CACHE_FRAMES:], source[:, :, -n:], speech[:, -n:])
-            speech = speech[:, :-n]
-        return speech[0].float().cpu()
+        return self.vocoder.push(mel, finalize)
 
 
 def load_token2wav(model_dir: str | Path | ModelDir, device: str | torch.device = "cpu",
@@ -340,4 +324,5 @@ def load_token2wav(model_dir: str | Path | ModelDir, device: str | torch.device 
     md = as_model_dir(model_dir)
     budget = StateBudget(cache_mb << 20) if cache_mb > 0 else None
     return Token2Wav(load_flow(md, device, dtype), load_hift(md, device),
-                     hop_len=md.config.chunk_size, max_hop_len=4 * md.config.chunk_size, state_budget=budget)
+                     hop_len=md.config.chunk_size, max_hop_len=4 * md.config.chunk_size, state_budget=budget,
+                     stream_vocoder=import_object(md.family.stream_vocoder))

@@ -185,6 +185,24 @@ HANDLERS: list[tuple[Callable[[str], bool], Handler]] = [
 ]
 
 
+def family_handlers() -> list[tuple[Callable[[str], bool], Handler]]:
+    """The `HANDLERS` (list of (producer test, handler)) of every other `cosy.verify.golden_*` module (a
+    family's cases, e.g. `golden_cv3_speech`), found by name so a family adds its cases without editing this
+    file. Imported on first use: those modules import this one."""
+    import importlib
+    import pkgutil
+
+    import cosy.verify as package
+
+    found = []
+    for m in sorted(m.name for m in pkgutil.iter_modules(package.__path__)):
+        if m.startswith("golden_") and m not in ("golden_cases", "golden_check"):
+            found += getattr(importlib.import_module(f"{package.__name__}.{m}"), "HANDLERS", [])
+    return found
+
+
 def handler_for(case: dict) -> Handler | None:
+    """The handler of a case: family modules' handlers first (their producers can contain CosyVoice2's
+    names, e.g. 'CausalHiFTGenerator.decode'), then the CosyVoice2 ones."""
     producer = case.get("producer", "")
-    return next((h for test, h in HANDLERS if test(producer)), None)
+    return next((h for test, h in family_handlers() + HANDLERS if test(producer)), None)

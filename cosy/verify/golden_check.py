@@ -26,8 +26,14 @@ from cosy.verify.golden_cases import GoldenModels, handler_for
 Row = tuple[str, float, float, bool]  # label, difference, tolerance, passed
 
 
+# an output without a tolerance entry of its own takes that of the quantity it holds
+TOLERANCE_OF = {"chunks": "speech"}
+
+
 def _tolerance(case: dict, output: str) -> float:
     tol = case.get("suggested_tolerance", {})
+    if output not in tol and "atol" not in tol and TOLERANCE_OF.get(output) in tol:
+        output = TOLERANCE_OF[output]
     if isinstance(tol.get(output), dict):
         tol = tol[output]
     elif isinstance(tol.get(output), str):  # e.g. "atol 1e-6 (pure table lookups)"
@@ -79,7 +85,7 @@ def _compare(case: dict, ours: dict[str, Any], tensors: dict[str, Tensor]) -> It
     name = case["name"]
     single = len(case.get("outputs", {})) == 1
     for out, spec in case.get("outputs", {}).items():
-        if isinstance(spec, str) and spec.startswith("see "):
+        if isinstance(spec, str) and spec.startswith(("see ", "extra.")):
             continue  # described in `extra`: the handler returns (ours, expected) pairs for it
         if out not in ours:
             yield f"{name}.{out} (not computed)", float("inf"), 0.0, False
@@ -88,6 +94,13 @@ def _compare(case: dict, ours: dict[str, Any], tensors: dict[str, Tensor]) -> It
         mine = ours.pop(out)
         if isinstance(spec, dict):
             yield from _compare_tensor(label, mine, spec, tensors, _tolerance(case, out))
+        elif isinstance(spec, list) and spec and all(isinstance(s, dict) and "tensor" in s for s in spec):
+            # a list of tensors (e.g. streamed chunks): compared one by one, and their number
+            if len(mine) != len(spec):
+                yield f"{label} ({len(mine)} items, expected {len(spec)})", float("inf"), 0.0, False
+                continue
+            for i, (m, s) in enumerate(zip(mine, spec)):
+                yield from _compare_tensor(f"{label}[{i}]", m, s, tensors, _tolerance(case, out))
         else:
             yield label, 0.0 if mine == spec else float("inf"), 0.0, mine == spec
     # (ours, expected) pairs for exact outputs kept outside the tensors (text, tokenizer)

@@ -1,0 +1,90 @@
+"""How a stream's mel chunks become audio chunks: the vocoder semantics of a model family's streaming.
+
+Each stream owns one of these (per-request state); the family names the class (`ModelFamily.stream_vocoder`):
+  * `CrossfadeVocoder` (CosyVoice2): HiFT is not causal, so each chunk is vocoded with the previous chunk's
+    last 8 mel frames and their source in front, and the overlap is crossfaded with a Hamming window.
+  * `RevocodeVocoder` (CosyVoice3): the causal HiFT re-vocodes the WHOLE mel so far (`finalize=False` until
+    the last chunk) and only the samples past those already emitted are returned; no fade, no source cache.
+Both take mel frames (1, 80, n) in order and return (N,) float32 CPU audio.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+MEL_CACHE_FRAMES = 8  # mel frames HiFT re-decodes at the start of the next chunk (CosyVoice2)
+
+
+def crossfade(head: Tensor, previous_tail: Tensor, window: Tensor) -> Tensor:
+    """Blend the first len(window)//2 samples of `head` (B, N) with `previous_tail` (B, >= len//2).
+
+    `window` is a symmetric window of even length 2L: its rising half weighs the new audio, its falling
+    half the old tail.
+    """
+    overlap = window.shape[0] // 2
+    out = head.clone()
+    out[:, :overlap] = head[:, :overlap] * window[:overlap] + previous_tail[:, -overlap:] * window[overlap:]
+    return out
+
+
+def hamming_window(hift: nn.Module, device: torch.device) -> Tensor:
+    """np.hamming (symmetric) over two mel-cache lengths of samples, as the official crossfade uses."""
+    n = 2 * MEL_CACHE_FRAMES * hift.cfg.upsample_scale
+    return torch.hamming_window(n, periodic=False, dtype=torch.float64).float().to(device)
+
+
+class CrossfadeVocoder:
+    """CosyVoice2's streaming HiFT: mel/source cache of 8 frames and a crossfade between chunks."""
+
+    def __init__(self, hift: nn.Module, generator: torch.Generator, window: Tensor):
+        self.hift, self.generator, self.window = hift, generator, window
+        self.cache_len = MEL_CACHE_FRAMES * hift.cfg.upsample_scale
+        self.cache: tuple[Tensor, Tensor, Tensor] | None = None  # (mel, source, speech tail)
+
+    @property
+    def empty(self) -> bool:
+        """Whether nothing was vocoded yet."""
+        return self.cache is None
+
+    def push(self, mel: Tensor, finalize: bool) -> Tensor:
+        cache_source = None
+        if self.cache is not None:
+            mel = torch.cat([self.cache[0], mel], dim=2)
+            cache_source = self.cache[1]
+        if mel.shape[2] == 0:
+            return torch.zeros(0)
+        speech, source = self.hift.inference(mel, cache_source=cache_source, generator=self.generator)
+        if self.cache is not None:
+            speech = crossfade(speech, self.cache[2], self.window.to(speech))
+        if not finalize:
+            n = self.cache_len
+            self.cache = (mel[:, :, -MEL_CACHE_FRAMES:], source[:, :, -n:], speech[:, -n:])
+            speech = speech[:, :-n]
+        return speech[0].float().cpu()
+
+
+class RevocodeVocoder:
+    """CosyVoice3's streaming HiFT: re-vocode all mel so far, emit what lies past the samples already out.
+
+    A non-final call needs more than the vocoder's context frames (`hift.context_frames`, 7) to emit
+    anything; with fewer the frames wait for the next chunk.
+    """
+
+    def __init__(self, hift: nn.Module, generator: torch.Generator | None = None, window: Tensor | None = None):
+        self.hift = hift
+        self.mel: Tensor | None = None  # (1, 80, frames so far)
+        self.offset = 0  # samples emitted
+
+    @property
+    def empty(self) -> bool:
+        return self.mel is None
+
+    def push(self, mel: Tensor, finalize: bool) -> Tensor:
+        self.mel = mel if self.mel is None else torch.cat([self.mel, mel], dim=2)
+        frames = self.mel.shape[2]
+        if frames == 0 or (not finalize and frames <= self.hift.context_frames):
+            return torch.zeros(0)
+        speech, _ = self.hift.inference(self.mel, finalize=finalize)
+        new = speech[0, self.offset:]
+        self.offset = max(self.offset, speech.shape[1])
+        return new.float().cpu()
