@@ -2,17 +2,21 @@
 
 Only the values our modules need are taken; the yaml's class names are checked against the family's
 `yaml_classes` (so a CosyVoice 1 or 3 yaml under the wrong name fails clearly) but never imported.
+The flow and vocoder sections are read by the family's readers (`ModelFamily.flow_config` / `.hift_config`,
+"module:function" taking (doc, expected_classes)) on first use, so the LM side of a directory needs only
+the LM's code; CosyVoice2's readers are `read_flow_config` / `read_hift_config` here.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from cosy.flow.config import CFMConfig, EncoderConfig, EstimatorConfig, FlowConfig
 from cosy.hift.config import HiFTConfig
 from cosy.model import families
-from cosy.model.family import ModelFamily
+from cosy.model.family import ModelFamily, import_object
 from cosy.model.hyperyaml import Tagged, load_hyperyaml
 
 
@@ -38,8 +42,25 @@ class ModelConfig:
     llm_input_size: int
     speech_token_size: int
     sampling: SamplingParams  # RAS parameters of `llm.sampling`
-    flow: FlowConfig
-    hift: HiFTConfig
+    family: ModelFamily = field(repr=False)
+    doc: dict = field(repr=False, default_factory=dict)  # the whole yaml as data
+    yaml_path: str = ""
+
+    def _part(self, spec: str):
+        try:
+            return import_object(spec)(self.doc, self.family.expected_classes)
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"{self.yaml_path}: {e}") from None
+
+    @cached_property
+    def flow(self) -> FlowConfig:
+        """The flow's hyperparameters (the family's type: CosyVoice2 `FlowConfig`)."""
+        return self._part(self.family.flow_config)
+
+    @cached_property
+    def hift(self) -> HiFTConfig:
+        """The vocoder's hyperparameters (the family's type: CosyVoice2 `HiFTConfig`)."""
+        return self._part(self.family.hift_config)
 
 
 def _node(doc: dict, path: str, expected_classes: dict[str, str]) -> Tagged:
@@ -54,7 +75,8 @@ def _node(doc: dict, path: str, expected_classes: dict[str, str]) -> Tagged:
     return node
 
 
-def _flow_config(doc: dict, classes: dict[str, str]) -> FlowConfig:
+def read_flow_config(doc: dict, classes: dict[str, str]) -> FlowConfig:
+    """CosyVoice2's flow section (CausalMaskedDiffWithXvec, conformer encoder, U-Net estimator)."""
     flow, enc = _node(doc, "flow", classes), _node(doc, "flow.encoder", classes)
     cfm, est = _node(doc, "flow.decoder", classes), _node(doc, "flow.decoder.estimator", classes)
     cfm_params = cfm.get("cfm_params")
@@ -96,7 +118,8 @@ def _flow_config(doc: dict, classes: dict[str, str]) -> FlowConfig:
     )
 
 
-def _hift_config(doc: dict, classes: dict[str, str]) -> HiFTConfig:
+def read_hift_config(doc: dict, classes: dict[str, str]) -> HiFTConfig:
+    """CosyVoice2's vocoder section (HiFTGenerator, ConvRNNF0Predictor)."""
     hift, f0 = _node(doc, "hift", classes), _node(doc, "hift.f0_predictor", classes)
     istft = hift["istft_params"]
     return HiFTConfig(
@@ -147,9 +170,10 @@ def read_model_config(yaml_path: str | Path, family: ModelFamily | None = None) 
             sampling=SamplingParams(**{k: sampling.get(k, getattr(SamplingParams, k))
                                        for k in ("top_p", "top_k", "win_size", "tau_r")})
             if isinstance(sampling, Tagged) else SamplingParams(),
-            flow=_flow_config(doc, classes),
-            hift=_hift_config(doc, classes),
+            family=family, doc=doc, yaml_path=str(yaml_path),
         )
+        for path in classes:  # every class the family expects, checked now (the values are read on use)
+            _node(doc, path, classes)
     except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"{yaml_path}: {e}") from None
     if cfg.speech_token_size != family.tokens.size:

@@ -26,6 +26,7 @@ from cosy.lm.export import llm_fingerprint, served_model_name
 from cosy.lm.pool import connect
 from cosy.lm.prompt import PromptEmbedder
 from cosy.lm.sampling import SamplingParams
+from cosy.lm.silence import drop_long_silence
 from cosy.model.families.cosyvoice2 import FAMILY as COSYVOICE2
 from cosy.model.family import ModelFamily, import_object
 from cosy.model.files import ModelDir
@@ -67,7 +68,8 @@ class Engine:
         key accepted, serving this llm.pt). `cache_mb`: streaming flow state budget (`load_token2wav`)."""
         md = ModelDir(model_dir)
         family = md.family
-        text = TextFrontend(TextTokenizer.from_dir(md.file(family.files.qwen_dir)), ttsfrd_dir)
+        text = TextFrontend(TextTokenizer.from_dir(md.file(family.files.qwen_dir),
+                                                   import_object(family.text_specials)), ttsfrd_dir)
         if llm_base_url:
             lm: SpeechTokenLM = connect(llm_base_url, llm_api_key,
                                         served_model_name(llm_fingerprint(md.path), family), md.config.sampling,
@@ -98,12 +100,16 @@ class Engine:
             yield from self._token2wav(iter(tokens.flatten().tolist()), flow_prompt, req, seed)
             return
         prompt_text_ids, prompt_speech = self._lm_prompt(req, features)
-        for i, (segment, text_ids) in enumerate(self._segments(req.text)):
+        # cross-lingual: the family's system prompt leads the text (CosyVoice3), which with its <|...|> is then
+        # neither normalized nor split, as officially
+        text = self.family.system_prompt + req.text if req.mode == "cross_lingual" and req.text.strip() else req.text
+        for i, (segment, text_ids) in enumerate(self._segments(text)):
             log.debug("segment %d: %s", i, segment)
             embeds = self._prompt_embeds(text_ids, prompt_text_ids, prompt_speech)
             min_len, max_len = self.family.length_limits(len(text_ids))
             params = dataclasses.replace(self.lm.sampling, greedy=True) if req.greedy else None
-            tokens = self.lm.generate(embeds, min_len, max_len, seed=seed + i, params=params)
+            tokens = drop_long_silence(self.lm.generate(embeds, min_len, max_len, seed=seed + i, params=params),
+                                       self.family.tokens)
             yield from self._token2wav(tokens, flow_prompt, req, seed + i)
 
     def _features(self, req: SynthesisRequest) -> PromptFeatures:
@@ -116,22 +122,27 @@ class Engine:
         return self.prompts.encode(req.prompt_wav)
 
     def _lm_prompt(self, req: SynthesisRequest, features: PromptFeatures) -> tuple[list[int], list[int]]:
-        """(prompt text ids, prompt speech tokens) the LM continues from, per mode (official rules; the
-        family's `system_prompt` leads the prompt text, empty for CosyVoice2)."""
+        """(prompt text ids, prompt speech tokens) the LM continues from, per mode (official rules). The
+        family's `system_prompt` (CosyVoice3) leads the zero-shot prompt text, which it then keeps from being
+        normalized (text with <|...|> is not); cross-lingual has no prompt text (see `synthesize`); an
+        instruction is CosyVoice2's instruct2 or CosyVoice3's (whole prompt, ends in <|endofprompt|>)."""
         speech = features.speech_tokens.flatten().tolist()
-        system = self.family.system_prompt
         if req.mode in ("zero_shot", "voice"):
             if not req.prompt_text.strip():
                 raise SynthesisError(f"mode '{req.mode}' needs the prompt's transcript (prompt_text)")
-            return self.text.encode(system + self.text.normalize(req.prompt_text, split=False)[0]), speech
+            prompt = self.text.normalize(self.family.system_prompt + req.prompt_text, split=False)[0]
+            return self.text.encode(prompt), speech
         if req.mode == "instruct":
             instruct = req.instruct_text.strip()
             if not instruct:
                 raise SynthesisError("mode 'instruct' needs an instruction (instruct_text)")
-            ids = self.text.encode(self.family.instruct_prompt(instruct))
+            try:
+                ids = self.text.encode(self.family.instruct_prompt(instruct))
+            except ValueError as e:
+                raise SynthesisError(str(e)) from None
             assert ids[-1] == ENDOFPROMPT_ID
             return ids, []  # the instruction is not normalized, and no prompt speech
-        return (self.text.encode(system) if system else []), []  # cross-lingual: text only
+        return [], []  # cross-lingual: text only
 
     def _segments(self, text: str) -> list[tuple[str, list[int]]]:
         if not text or not text.strip():
