@@ -30,12 +30,13 @@ from cosy.lm.silence import drop_long_silence
 from cosy.model.families.cosyvoice2 import FAMILY as COSYVOICE2
 from cosy.model.family import ModelFamily, import_object
 from cosy.model.files import ModelDir
+from cosy.pipeline.lm_input import lm_input
 from cosy.pipeline.request import SynthesisError, SynthesisRequest
 from cosy.pipeline.token2wav import FlowPrompt, Token2Wav, load_token2wav
 from cosy.prompt.encoder import PromptFeatures, VoicePromptEncoder
 from cosy.speech.scheduler import Batch
 from cosy.text.frontend import TextFrontend
-from cosy.text.tokenizer import ENDOFPROMPT_ID, TextTokenizer
+from cosy.text.tokenizer import TextTokenizer
 
 log = logging.getLogger(__name__)
 
@@ -99,11 +100,10 @@ class Engine:
             tokens = self.prompts.speech_tokens(_load16k(req.source_wav))
             yield from self._token2wav(iter(tokens.flatten().tolist()), flow_prompt, req, seed)
             return
-        prompt_text_ids, prompt_speech = self._lm_prompt(req, features)
-        # cross-lingual: the family's system prompt leads the text (CosyVoice3), which with its <|...|> is then
-        # neither normalized nor split, as officially
-        text = self.family.system_prompt + req.text if req.mode == "cross_lingual" and req.text.strip() else req.text
-        for i, (segment, text_ids) in enumerate(self._segments(text)):
+        inputs = lm_input(self.text, self.family, req.mode, req.text, req.prompt_text, req.instruct_text,
+                          features.speech_tokens.flatten().tolist())
+        prompt_text_ids, prompt_speech = inputs.prompt_text, inputs.prompt_speech
+        for i, (segment, text_ids) in enumerate(inputs.segments):
             log.debug("segment %d: %s", i, segment)
             embeds = self._prompt_embeds(text_ids, prompt_text_ids, prompt_speech)
             min_len, max_len = self.family.length_limits(len(text_ids))
@@ -120,37 +120,6 @@ class Engine:
         if req.prompt_wav is None:
             raise SynthesisError(f"mode '{req.mode}' needs a prompt audio (prompt_wav)")
         return self.prompts.encode(req.prompt_wav)
-
-    def _lm_prompt(self, req: SynthesisRequest, features: PromptFeatures) -> tuple[list[int], list[int]]:
-        """(prompt text ids, prompt speech tokens) the LM continues from, per mode (official rules). The
-        family's `system_prompt` (CosyVoice3) leads the zero-shot prompt text, which it then keeps from being
-        normalized (text with <|...|> is not); cross-lingual has no prompt text (see `synthesize`); an
-        instruction is CosyVoice2's instruct2 or CosyVoice3's (whole prompt, ends in <|endofprompt|>)."""
-        speech = features.speech_tokens.flatten().tolist()
-        if req.mode in ("zero_shot", "voice"):
-            if not req.prompt_text.strip():
-                raise SynthesisError(f"mode '{req.mode}' needs the prompt's transcript (prompt_text)")
-            prompt = self.text.normalize(self.family.system_prompt + req.prompt_text, split=False)[0]
-            return self.text.encode(prompt), speech
-        if req.mode == "instruct":
-            instruct = req.instruct_text.strip()
-            if not instruct:
-                raise SynthesisError("mode 'instruct' needs an instruction (instruct_text)")
-            try:
-                ids = self.text.encode(self.family.instruct_prompt(instruct))
-            except ValueError as e:
-                raise SynthesisError(str(e)) from None
-            assert ids[-1] == ENDOFPROMPT_ID
-            return ids, []  # the instruction is not normalized, and no prompt speech
-        return [], []  # cross-lingual: text only
-
-    def _segments(self, text: str) -> list[tuple[str, list[int]]]:
-        if not text or not text.strip():
-            raise SynthesisError("text is empty")
-        segments = [(s, ids) for s, ids in self.text.segments(text) if ids]
-        if not segments:
-            raise SynthesisError("text has nothing to speak (only punctuation or symbols)")
-        return segments
 
     def _token2wav(self, tokens: Iterator[int], prompt: FlowPrompt, req: SynthesisRequest,
                    seed: int) -> Iterator[Tensor]:

@@ -3,9 +3,15 @@
 A handler takes the golden directory and one case and returns our value for each of the case's outputs:
 a tensor (compared with the stored tensor, or its windows and checksums), or a plain value (compared
 exactly). Handlers are chosen by the case's `producer` text, so any directory of the format works.
+
+Which handlers apply is the model family's (of the golden `model/` directory): `ModelFamily.golden_handlers`
+names lists of (test on the producer, handler) as "module:attribute"; `HANDLERS` below are CosyVoice2's.
+A family's lists are searched in order, the first match wins; a named module that does not exist is
+skipped (its cases then report "not understood").
 """
 from __future__ import annotations
 
+import importlib
 import re
 from functools import cached_property
 from pathlib import Path
@@ -17,6 +23,7 @@ from torch import Tensor
 from cosy.audio.features import flow_mel, kaldi_fbank, whisper_log_mel
 from cosy.audio.io import load_prompt_wav
 from cosy.lm.model import SpeechLM
+from cosy.model.family import ModelFamily, import_object
 from cosy.model.files import ModelDir
 from cosy.model.load import load_flow, load_hift
 from cosy.text.frontend import TextFrontend
@@ -34,6 +41,10 @@ class GoldenModels:
         return ModelDir(self.root / "model")
 
     @cached_property
+    def family(self) -> ModelFamily:
+        return self.model.family
+
+    @cached_property
     def flow(self):
         return load_flow(self.model)
 
@@ -47,7 +58,12 @@ class GoldenModels:
 
     @cached_property
     def text(self) -> TextFrontend:
-        return TextFrontend(TextTokenizer.from_dir(self.root / "tokenizer"))
+        """The golden `tokenizer/` (CosyVoice2's format) or else the model's own CosyVoice-BlankEN (CosyVoice3),
+        with the family's special tokens."""
+        tokenizer_dir = self.root / "tokenizer"
+        if not tokenizer_dir.is_dir():
+            tokenizer_dir = self.model.file(self.family.files.qwen_dir)
+        return TextFrontend(TextTokenizer.from_dir(tokenizer_dir, import_object(self.family.text_specials)))
 
     def find_file(self, name: str) -> Path:
         """An input file named relative to the repository the fixtures came from (`shared/assets/x.wav`):
@@ -185,6 +201,23 @@ HANDLERS: list[tuple[Callable[[str], bool], Handler]] = [
 ]
 
 
-def handler_for(case: dict) -> Handler | None:
+def family_handlers(family: ModelFamily) -> list[tuple[Callable[[str], bool], Handler]]:
+    """The family's handler lists (`ModelFamily.golden_handlers`) concatenated; absent modules skipped."""
+    out = []
+    for spec in family.golden_handlers:
+        module = spec.partition(":")[0]
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name != module:  # the module exists but one of its imports does not: a real error
+                raise
+            continue
+        out.extend(import_object(spec))
+    return out
+
+
+def handler_for(case: dict, family: ModelFamily | None = None) -> Handler | None:
+    """The first handler of `family` (default: CosyVoice2's `HANDLERS`) whose test accepts the producer."""
     producer = case.get("producer", "")
-    return next((h for test, h in HANDLERS if test(producer)), None)
+    handlers = HANDLERS if family is None else family_handlers(family)
+    return next((h for test, h in handlers if test(producer)), None)
