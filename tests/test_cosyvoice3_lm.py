@@ -7,7 +7,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import GOLDEN_CV3
+import torch
+from conftest import GOLDEN_CV3, STATE_DICT_LIST_CV3, reference_entries, reference_shapes
 from torch import nn
 
 from cosy.lm.model import SpeechLM
@@ -145,3 +146,45 @@ def test_prompt_formats_per_mode(text):
     cv2 = lm_input(text, CV2, "instruct", "你好。", instruct_text="用粤语说这句话")
     assert cv2.prompt_text[-1] == 151646
     assert lm_input(text, CV2, "cross_lingual", "Hello 2 you.").segments[0][0] == "Hello two you . ."  # normalized
+
+
+# ---------------------------------------------------------------- random model builder, official key layout
+
+@pytest.fixture(scope="module")
+def tiny3(tmp_path_factory):
+    from cosy.verify.random_model import write_random_model
+    return write_random_model(tmp_path_factory.mktemp("tiny3"), "tiny", seed=1, family="cosyvoice3")
+
+
+def test_full_size_lm_keys_and_shapes_match_official_list():
+    from cosy.lm.config import LMConfig
+    from cosy.lm.model import LM_HEAD_KEY
+
+    with torch.device("meta"):
+        lm = SpeechLM(LMConfig(speech_vocab=CV3.tokens.vocab), CV3)
+    ours = {k: tuple(v.shape) for k, v in lm.state_dict().items()}
+    ref = reference_shapes("llm", STATE_DICT_LIST_CV3)
+    assert ref.pop(LM_HEAD_KEY) == ref["llm.model.model.embed_tokens.weight"] == (151936, 896)
+    assert ours == ref
+    assert sum(v.numel() for v in lm.parameters()) == 506148480  # the list's count (the tied head once)
+
+
+def test_builder_writes_official_llm_keys_and_loads_strictly(tiny3):
+    sd = torch.load(tiny3 / "llm.pt", weights_only=True)
+    ref = [k for k, _, _ in reference_entries("llm", STATE_DICT_LIST_CV3)
+           if not k.startswith("llm.model.model.layers.") or int(k.split(".")[4]) < 2]
+    assert list(sd) == ref  # same keys, same order as the official file
+    assert sd["speech_embedding.weight"].shape == sd["llm_decoder.weight"].shape == (6761, 64)
+    md = ModelDir(tiny3)
+    assert md.family is CV3 and md.missing() in ([], ["flow.pt", "hift.pt"])  # the speech half is another writer's
+    assert (tiny3 / "speech_tokenizer_v3.onnx").is_file() and (tiny3 / "CosyVoice-BlankEN" / "vocab.json").is_file()
+    lm = SpeechLM.from_model_dir(md)  # strict
+    x = lm.prompt_embeds([2610, 151646, 99880], [], [3, 4])
+    assert x.shape == (1, 7, 64)
+    rows = sd["speech_embedding.weight"]
+    assert torch.equal(x[0, 0], rows[6561]) and torch.equal(x[0, 4], rows[6563])  # sos, task_id
+    again = list(lm.generate(x, 2, 30, seed=3))
+    assert again == list(lm.generate(x, 2, 30, seed=3)) and all(t < 6561 for t in again)
+    # the yaml reads back with the sizes filled in
+    doc = md.config.doc
+    assert doc["llm_input_size"] == 64 and doc["flow"]["decoder"]["estimator"]["depth"] == 2
