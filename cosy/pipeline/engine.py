@@ -63,21 +63,22 @@ class Engine:
     @classmethod
     def from_model_dir(cls, model_dir: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32,
                        ttsfrd_dir: str | Path | None = None, llm_base_url: str | None = None,
-                       llm_api_key: str | None = None, cache_mb: int = 0) -> "Engine":
+                       llm_api_key: str | None = None, cache_mb: int = 0, llm_variant: str | None = None) -> "Engine":
         """Everything from one model directory. With `llm_base_url` (comma-separated backends) the LM runs
         remotely and only its embedding tables are loaded here; the backends are checked now (reachable,
-        key accepted, serving this llm.pt). `cache_mb`: streaming flow state budget (`load_token2wav`)."""
+        key accepted, serving this llm.pt). `cache_mb`: streaming flow state budget (`load_token2wav`).
+        `llm_variant`: another LM checkpoint of the family (CosyVoice3 "rl": llm.rl.pt), embedded or served."""
         md = ModelDir(model_dir)
         family = md.family
         text = TextFrontend(TextTokenizer.from_dir(md.file(family.files.qwen_dir),
                                                    import_object(family.text_specials)), ttsfrd_dir)
         if llm_base_url:
             lm: SpeechTokenLM = connect(llm_base_url, llm_api_key,
-                                        served_model_name(llm_fingerprint(md.path), family), md.config.sampling,
-                                        family=family)
-            prompt_embeds = PromptEmbedder.from_model_dir(md)
+                                        served_model_name(llm_fingerprint(md.path, variant=llm_variant), family),
+                                        md.config.sampling, family=family)
+            prompt_embeds = PromptEmbedder.from_model_dir(md, llm_variant)
         else:
-            lm = import_object(family.lm).from_model_dir(md, device=device, dtype=dtype)
+            lm = import_object(family.lm).from_model_dir(md, device=device, dtype=dtype, variant=llm_variant)
             prompt_embeds = lm.prompt_embeds
         return cls(text, VoicePromptEncoder(md), lm, load_token2wav(md, device, dtype, cache_mb), prompt_embeds, family)
 
