@@ -3,8 +3,10 @@ silent-token rule and the prompt formats per mode."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -188,3 +190,24 @@ def test_builder_writes_official_llm_keys_and_loads_strictly(tiny3):
     # the yaml reads back with the sizes filled in
     doc = md.config.doc
     assert doc["llm_input_size"] == 64 and doc["flow"]["decoder"]["estimator"]["depth"] == 2
+
+
+def test_cosyvoice3_hub_id_downloads_and_incomplete_dirs_name_it(tiny3, tmp_path):
+    from cosy.deploy.models import COSYVOICE3_MODEL, HF_IDS, resolve_model_dir
+
+    assert HF_IDS[COSYVOICE3_MODEL] == COSYVOICE3_MODEL == "FunAudioLLM/Fun-CosyVoice3-0.5B-2512"
+    fetched = []
+
+    def download(model_id: str, local_dir: Path) -> None:  # the hub, played by a copy of the built directory
+        fetched.append(model_id)
+        shutil.copytree(tiny3, local_dir, dirs_exist_ok=True)
+        for name in ("flow.pt", "hift.pt"):  # the speech half is another writer's; only presence is checked
+            (local_dir / name).touch()
+
+    path = resolve_model_dir(COSYVOICE3_MODEL, tmp_path / "models", download=download, progress=False)
+    assert path == tmp_path / "models" / COSYVOICE3_MODEL and fetched == [COSYVOICE3_MODEL]
+    assert ModelDir(path).family is CV3
+    (path / "speech_tokenizer_v3.onnx").unlink()
+    with pytest.raises(ModelDirError, match="not a complete CosyVoice3 model directory: missing "
+                                            "speech_tokenizer_v3.onnx.*FunAudioLLM/Fun-CosyVoice3-0.5B-2512"):
+        resolve_model_dir(str(path))
