@@ -88,11 +88,13 @@ def lm_case(g: GoldenModels, case: dict) -> dict[str, Any]:
     return {"lm_input": embeds, "logp": logp, "last_hidden": hidden, "min_len": min_len, "max_len": max_len}
 
 
+# (test on the case's `producer`, handler); the first match wins. None of these accepts a flow, HiFT or
+# token2wav producer (CausalMaskedDiffWithDiT..., CausalHiFTGenerator..., CosyVoice3Model.tts...).
 HANDLERS = [
     (lambda p: "_extract_speech_feat" in p, flow_mel_case),
     (lambda p: "frontend_zero_shot" in p or "frontend_cross_lingual" in p, alignment_case),
     (lambda p: "Tokenizer.encode" in p, tokenizer_case),
-    (lambda p: "inference_zero_shot" in p and "model.tts" in p, frontend_modes_case),
+    (lambda p: p.startswith("CosyVoice3.inference_zero_shot"), frontend_modes_case),
     (lambda p: "text_normalize" in p, text_normalize_case),
-    (lambda p: "CosyVoice3LM.inference " in p or p.startswith("CosyVoice3LM.inference ("), lm_case),
+    (lambda p: p.startswith("CosyVoice3LM.inference ("), lm_case),  # not inference_bistream
 ]
