@@ -115,3 +115,14 @@ def test_seeded_ras_first_token_matches_embedded_lm(cv3_backend, cv3_lm):
     want = ras_distribution(logp0, [], p, True, tokens=TOKENS)
     assert _chi_square_p(collections.Counter(t[0] for t in firsts), want, n) > ALPHA
     assert _draw_many(cv3_backend, body, 8, max_tokens=1) == firsts[:8]  # same seeds, same tokens
+
+
+def test_a_frontend_of_the_other_family_is_refused_clearly(cv3_backend, cv3_dir):
+    from cosy.lm.remote import BackendError
+    from cosy.model.families.cosyvoice2 import FAMILY as CV2
+
+    fp = llm_fingerprint(cv3_dir, cv3_backend.cache_dir)
+    remote = RemoteLM(cv3_backend.url, cv3_backend.api_key, served_model_name(fp, CV2), family=CV2)
+    with pytest.raises(BackendError, match="serves a cosyvoice3 model .* this frontend's model directory is "
+                                           "cosyvoice2: start the backend on the same model directory"):
+        remote.check()
