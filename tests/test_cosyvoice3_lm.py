@@ -75,7 +75,8 @@ def test_family_facts():
     with pytest.raises(ValueError, match="unknown LM variant 'rl'"):
         CV2.files.llm_file("rl")
     assert md.config.llm_input_size == 64 and md.config.sampling.top_k == 25
-    assert "llm.rl.pt is missing" in str(pytest.raises(ModelDirError, SpeechLM.from_model_dir, md, variant="rl").value)
+    with pytest.raises(ModelDirError, match="llm.rl.pt is missing: the LM variant 'rl' is that file beside llm.pt"):
+        SpeechLM.from_model_dir(md, variant="rl")
 
 
 def test_lm_has_no_llm_embedding_and_no_head_bias(lm):
@@ -211,3 +212,29 @@ def test_cosyvoice3_hub_id_downloads_and_incomplete_dirs_name_it(tiny3, tmp_path
     with pytest.raises(ModelDirError, match="not a complete CosyVoice3 model directory: missing "
                                             "speech_tokenizer_v3.onnx.*FunAudioLLM/Fun-CosyVoice3-0.5B-2512"):
         resolve_model_dir(str(path))
+
+
+def test_rl_variant_is_loaded_exported_and_embedded_from_its_own_file(tiny3, tmp_path):
+    from safetensors import safe_open
+
+    from cosy.lm.export import export_for_vllm, llm_fingerprint
+    from cosy.lm.prompt import PromptEmbedder
+
+    d = tmp_path / "m"
+    shutil.copytree(tiny3, d)
+    sd = torch.load(d / "llm.pt", weights_only=True)
+    sd["speech_embedding.weight"] = sd["speech_embedding.weight"] + 1.0  # an "RL-tuned" LM: other weights
+    sd["llm_decoder.weight"] = -sd["llm_decoder.weight"]
+    torch.save(sd, d / "llm.rl.pt")
+    base, rl = SpeechLM.from_model_dir(d), SpeechLM.from_model_dir(d, variant="rl")
+    assert torch.equal(rl.speech_embedding.weight, sd["speech_embedding.weight"])
+    args = ([2610, 151646, 99880], [], [3, 4])
+    assert torch.equal(PromptEmbedder.from_model_dir(d)(*args), base.prompt_embeds(*args))
+    assert torch.equal(PromptEmbedder.from_model_dir(d, "rl")(*args), rl.prompt_embeds(*args))
+    assert not torch.equal(base.prompt_embeds(*args), rl.prompt_embeds(*args))
+    cache = tmp_path / "cache"
+    assert llm_fingerprint(d, cache, "rl") != llm_fingerprint(d, cache)
+    out = export_for_vllm(d, cache, "rl")
+    assert out != export_for_vllm(d, cache)
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        assert torch.equal(f.get_tensor("lm_head.weight"), sd["llm_decoder.weight"])

@@ -69,20 +69,13 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _llm_name(md: ModelDir, variant: str | None) -> str:
-    try:
-        return md.family.files.llm_file(variant)
-    except ValueError as e:
-        raise ModelDirError(str(e)) from None
-
-
 def llm_fingerprint(model_dir: str | Path, cache_dir: str | Path | None = None, variant: str | None = None) -> str:
     """sha256 hex of llm.pt's content, remembered in a sidecar keyed by (path, size, mtime_ns, ctime_ns,
     inode): hashing 2 GB on every start is wasteful. ctime and inode catch a same-size file rewritten with
     its old mtime restored (`cp -p`, `rsync -a`), which size + mtime alone would miss. `variant`: another
     LM checkpoint of the family (`ModelFiles.llm_variants`, e.g. CosyVoice3's "rl" = llm.rl.pt)."""
     md = ModelDir(model_dir)
-    llm = md.file(_llm_name(md, variant)).resolve()
+    llm = md.file(md.llm_name(variant)).resolve()
     st = llm.stat()
     key = {"path": str(llm), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns,
            "inode": st.st_ino}
@@ -123,7 +116,7 @@ def vllm_config(model_dir: ModelDir) -> dict:
 
 def _weights(model_dir: ModelDir, variant: str | None = None) -> dict:
     family = model_dir.family
-    llm, prefix = _llm_name(model_dir, variant), family.backbone_prefix
+    llm, prefix = model_dir.llm_name(variant), family.backbone_prefix
     sd = model_dir.state_dict(llm)
     try:
         out = {dst: sd[src] for dst, src in family.export_weights}

@@ -67,10 +67,7 @@ class SpeechLM(nn.Module):
             raise ModelDirError(str(e)) from None
         with torch.device("meta"):  # no wasted random init of ~0.5 G parameters
             lm = cls(cfg, family, mc.sampling)
-        try:
-            llm_name = family.files.llm_file(variant)
-        except ValueError as e:
-            raise ModelDirError(str(e)) from None
+        llm_name = md.llm_name(variant)
         llm = md.file(llm_name)
         sd = md.state_dict(llm_name)
         sd.pop(LM_HEAD_KEY, None)

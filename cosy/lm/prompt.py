@@ -59,7 +59,7 @@ class PromptEmbedder:
     def from_model_dir(cls, model_dir: str | Path | ModelDir, variant: str | None = None) -> "PromptEmbedder":
         """The tables of llm.pt (or of the LM `variant`'s file, e.g. CosyVoice3's "rl": llm.rl.pt)."""
         md = model_dir if isinstance(model_dir, ModelDir) else ModelDir(model_dir)
-        llm = md.family.files.llm_file(variant)
+        llm = md.llm_name(variant)
         sd = md.state_dict(llm)
         names = tables_of(md.family)
         missing = [TABLES[n] for n in names if TABLES[n] not in sd]
