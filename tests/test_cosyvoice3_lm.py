@@ -189,7 +189,8 @@ def test_builder_writes_official_llm_keys_and_loads_strictly(tiny3):
     again = list(lm.generate(x, 2, 30, seed=3))
     assert again == list(lm.generate(x, 2, 30, seed=3)) and all(t < 6561 for t in again)
     # the yaml reads back with the sizes filled in
-    doc = md.config.doc
+    from cosy.model.hyperyaml import load_hyperyaml
+    doc = load_hyperyaml(tiny3 / "cosyvoice3.yaml")
     assert doc["llm_input_size"] == 64 and doc["flow"]["decoder"]["estimator"]["depth"] == 2
 
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from cosy.audio.features import flow_mel, whisper_log_mel
+from cosy.audio.features import flow_mel
 from cosy.pipeline.lm_input import lm_input
-from cosy.verify.golden_cases import GoldenModels, _wav, text_normalize_case
+from cosy.verify.golden_cases import GoldenModels, _wav, alignment_case, text_normalize_case
 
 # official CosyVoice3 entry points -> our API modes (instruct maps to instruct2)
 MODES = {"inference_zero_shot": "zero_shot", "inference_cross_lingual": "cross_lingual",
@@ -27,16 +27,6 @@ def _prompt_mel(g: GoldenModels, case: dict):
 def flow_mel_case(g: GoldenModels, case: dict) -> dict[str, Any]:
     mel = _prompt_mel(g, case)
     return {"speech_feat": mel, "speech_feat_len": mel.shape[1]}
-
-
-def alignment_case(g: GoldenModels, case: dict) -> dict[str, Any]:
-    """Official rule: token_len = min(mel_frames // 2, n_tokens); the mel is cut to 2 * token_len."""
-    mel = _prompt_mel(g, case)
-    n_tokens = int(case["args"]["placeholder_speech_token_len"])
-    token_len = min(mel.shape[1] // 2, n_tokens)
-    assert n_tokens == whisper_log_mel(_wav(g, case, 16000)).shape[2] // 4  # the placeholder's rule
-    return {"raw_mel_len": mel.shape[1], "aligned_token_len": token_len, "aligned_mel_len": 2 * token_len,
-            "aligned_mel_shape": [1, 2 * token_len, mel.shape[2]]}
 
 
 def tokenizer_case(g: GoldenModels, case: dict) -> dict[str, Any]:
@@ -88,13 +78,15 @@ def lm_case(g: GoldenModels, case: dict) -> dict[str, Any]:
     return {"lm_input": embeds, "logp": logp, "last_hidden": hidden, "min_len": min_len, "max_len": max_len}
 
 
-# (test on the case's `producer`, handler); the first match wins. None of these accepts a flow, HiFT or
-# token2wav producer (CausalMaskedDiffWithDiT..., CausalHiFTGenerator..., CosyVoice3Model.tts...).
+# (test on the case's `producer`, handler); the first match wins. Each test accepts only CosyVoice3 producers
+# (so the list is also safe where every golden module's handlers are tried, CosyVoice2 cases included), and
+# none a flow, HiFT or token2wav one (CausalMaskedDiffWithDiT..., CausalHiFTGenerator..., CosyVoice3Model.tts).
 HANDLERS = [
-    (lambda p: "_extract_speech_feat" in p, flow_mel_case),
-    (lambda p: "frontend_zero_shot" in p or "frontend_cross_lingual" in p, alignment_case),
-    (lambda p: "Tokenizer.encode" in p, tokenizer_case),
+    (lambda p: p.startswith("CosyVoiceFrontEnd._extract_speech_feat (cosyvoice3.yaml"), flow_mel_case),
+    # the token/mel alignment is CosyVoice2's rule, and the mel length does not depend on fmax
+    (lambda p: p.startswith("CosyVoiceFrontEnd.frontend_") and "resample_rate" in p, alignment_case),
+    (lambda p: p.startswith("CosyVoice3Tokenizer.encode"), tokenizer_case),
     (lambda p: p.startswith("CosyVoice3.inference_zero_shot"), frontend_modes_case),
-    (lambda p: "text_normalize" in p, text_normalize_case),
+    (lambda p: "text_normalize" in p and "CosyVoice3 tokenizer" in p, text_normalize_case),
     (lambda p: p.startswith("CosyVoice3LM.inference ("), lm_case),  # not inference_bistream
 ]

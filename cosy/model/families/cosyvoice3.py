@@ -24,6 +24,7 @@ FAMILY = ModelFamily(
     yaml_classes=(
         ("llm", "CosyVoice3LM"),
         ("flow", "CausalMaskedDiffWithDiT"),
+        ("flow.pre_lookahead_layer", "PreLookaheadLayer"),
         ("flow.decoder", "CausalConditionalCFM"),
         ("flow.decoder.estimator", "DiT"),
         ("hift", "CausalHiFTGenerator"),

@@ -5,9 +5,9 @@ builder writes: the official yaml structure, the official state-dict keys and fo
 with legacy weight-norm names, like the published file), ONNX stand-ins with the official signatures, and
 `CosyVoice-BlankEN/` with the real Qwen BPE files, all with seeded random values.
 
-Per family, `WRITERS` lists "module:function" writers `(out_dir, size, seed, atomic_write)`, run in order
-(the first writes the yaml the others read); a listed module that does not exist is skipped. CosyVoice2's
-is `write_cosyvoice2` here; CosyVoice3's LM half is `cosyvoice3_lm`, its flow and vocoder `cosyvoice3_speech`.
+Per family, `WRITERS` holds the writer `(out_dir, size, seed, atomic_write)`: CosyVoice2's is
+`write_cosyvoice2`; CosyVoice3's writes its LM half (`cosyvoice3_lm`: yaml, llm.pt, tokenizer, ONNX) and then
+its flow and vocoder (`cosyvoice3_speech.write_flow_hift`, from the yaml just written) where that module is.
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from cosy.hift.generator import HiFTGenerator
 from cosy.hift.weights import unfold_weight_norm, weight_normed_keys
 from cosy.model.config import read_model_config
 from cosy.model.families.cosyvoice2 import FAMILY
+from cosy.model.families.cosyvoice3 import FAMILY as COSYVOICE3
 from cosy.model.family import import_object
 from cosy.verify.random_model import cosyvoice3_lm
 from cosy.verify.random_model.llm import write_llm_pt
@@ -31,10 +32,6 @@ from cosy.verify.random_model.tokenizer_dir import write_tokenizer_dir
 
 __all__ = ["write_random_model", "SIZES", "FAMILY_SIZES", "WRITERS"]
 
-WRITERS: dict[str, tuple[str, ...]] = {
-    "cosyvoice2": ("cosy.verify.random_model:write_cosyvoice2",),
-    "cosyvoice3": ("cosy.verify.random_model.cosyvoice3_lm:write", "cosy.verify.random_model.cosyvoice3_speech:write"),
-}
 FAMILY_SIZES = {"cosyvoice2": SIZES, "cosyvoice3": cosyvoice3_lm.SIZES}
 
 
@@ -69,15 +66,7 @@ def write_random_model(out_dir: str | Path, size: str = "tiny", seed: int = 0, f
         raise ValueError(f"unknown size '{size}' (choose from {', '.join(FAMILY_SIZES[family])})")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    for spec in WRITERS[family]:
-        module = spec.partition(":")[0]
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            if e.name != module:
-                raise
-            continue
-        import_object(spec)(out, size, seed, _atomic_write)
+    WRITERS[family](out, size, seed, _atomic_write)
     return out
 
 
@@ -101,3 +90,19 @@ def write_cosyvoice2(out: Path, size: str, seed: int, atomic_write) -> None:
     write_tokenizer_dir(out / files.qwen_dir, *llm_dims)
     write_speech_tokenizer_onnx(out / files.speech_tokenizer, seed=seed)
     write_campplus_onnx(out / files.campplus, seed=seed)
+
+
+def write_cosyvoice3(out: Path, size: str, seed: int, atomic_write) -> None:
+    """The LM half, then flow.pt and hift.pt from the yaml it wrote (skipped where the speech module is absent)."""
+    cosyvoice3_lm.write(out, size, seed, atomic_write)
+    name = f"{__name__}.cosyvoice3_speech"
+    try:
+        speech = importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        if e.name != name:
+            raise
+        return
+    speech.write_flow_hift(out, read_model_config(out / COSYVOICE3.files.yaml, COSYVOICE3), seed)
+
+
+WRITERS = {"cosyvoice2": write_cosyvoice2, "cosyvoice3": write_cosyvoice3}

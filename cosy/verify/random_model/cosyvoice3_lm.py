@@ -25,7 +25,7 @@ class Size:
     llm_heads: int
     llm_kv_heads: int
     llm_intermediate: int
-    lookahead_channels: int  # flow pre_lookahead_layer.channels
+    pre_channels: int  # flow pre_lookahead_layer.channels
     dit_dim: int
     dit_depth: int
     dit_heads: int
@@ -36,11 +36,11 @@ class Size:
 SIZES = {
     # Fun-CosyVoice3-0.5B as published (reference/cosyvoice3-state-dict.txt)
     "full": Size(llm_size=896, llm_layers=24, llm_heads=14, llm_kv_heads=2, llm_intermediate=4864,
-                 lookahead_channels=1024, dit_dim=1024, dit_depth=22, dit_heads=16, dit_head_dim=64,
+                 pre_channels=1024, dit_dim=1024, dit_depth=22, dit_heads=16, dit_head_dim=64,
                  hift_channels=512),
     # the golden-cv3 fixtures' dimensions (LM head dim 32: vLLM-CPU needs >= 32)
     "tiny": Size(llm_size=64, llm_layers=2, llm_heads=2, llm_kv_heads=1, llm_intermediate=128,
-                 lookahead_channels=64, dit_dim=64, dit_depth=2, dit_heads=2, dit_head_dim=32, hift_channels=64),
+                 pre_channels=64, dit_dim=64, dit_depth=2, dit_heads=2, dit_head_dim=32, hift_channels=64),
 }
 
 
