@@ -43,6 +43,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "default: run the LM in this process")
     p.add_argument("--llm_api_key", default=os.environ.get("COSY_LLM_API_KEY"),
                    help="the backend's API key (default: $COSY_LLM_API_KEY)")
+    p.add_argument("--llm_variant", default=None,
+                   help="LM checkpoint: default (llm.pt) or rl (CosyVoice3: llm.rl.pt, RL-tuned)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", required=True, help="output wav file (24 kHz, 16-bit)")
     return p.parse_args(argv)
@@ -52,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         engine = Engine.from_model_dir(args.model_dir, device=args.device, ttsfrd_dir=args.ttsfrd_dir,
-                                       llm_base_url=args.llm_base_url, llm_api_key=args.llm_api_key)
+                                       llm_base_url=args.llm_base_url, llm_api_key=args.llm_api_key,
+                                       llm_variant=args.llm_variant)
         voices = VoiceStore(Path(args.data_dir) / "voices")
         voice = voices.load(args.voice_id) if args.mode == "voice" and args.voice_id else None
         req = SynthesisRequest(mode=args.mode, text=args.text, prompt_text=args.prompt_text,

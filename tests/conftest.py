@@ -8,14 +8,17 @@ import pytest
 
 FIXTURES = Path(__file__).parent / "fixtures"
 GOLDEN = FIXTURES / "golden"
+GOLDEN_CV3 = FIXTURES / "golden-cv3"
 STATE_DICT_LIST = FIXTURES / "cosyvoice2-state-dict.txt"
+STATE_DICT_LIST_CV3 = FIXTURES / "cosyvoice3-state-dict.txt"
 ASSETS = Path(__file__).parent.parent / "assets"
 
 
-def reference_entries(section: str) -> list[tuple[str, tuple[int, ...], str]]:
-    """(key, shape, dtype) in file order for one section ('llm', 'flow', 'hift') of the official list."""
+def reference_entries(section: str, path: Path = STATE_DICT_LIST) -> list[tuple[str, tuple[int, ...], str]]:
+    """(key, shape, dtype) in file order for one section ('llm', 'flow', 'hift') of the official list
+    (`path`: CosyVoice2's by default, STATE_DICT_LIST_CV3 for CosyVoice3)."""
     out, current = [], None
-    for line in STATE_DICT_LIST.read_text().splitlines():
+    for line in path.read_text().splitlines():
         if line.startswith("###"):
             current = line.split()[1]
         elif current == section and line.strip() and not line.startswith("#"):
@@ -24,8 +27,8 @@ def reference_entries(section: str) -> list[tuple[str, tuple[int, ...], str]]:
     return out
 
 
-def reference_shapes(section: str) -> dict[str, tuple[int, ...]]:
-    return {key: shape for key, shape, _ in reference_entries(section)}
+def reference_shapes(section: str, path: Path = STATE_DICT_LIST) -> dict[str, tuple[int, ...]]:
+    return {key: shape for key, shape, _ in reference_entries(section, path)}
 
 
 @pytest.fixture(scope="session")

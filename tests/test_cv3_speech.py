@@ -13,12 +13,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import FIXTURES
-from cv3_standin import cv3_family
 from safetensors.torch import load_file
 
 from cosy.hift.noise_tables import NoiseTables, state_before_source
 from cosy.hift.weights import to_legacy_names
 from cosy.model.config import read_model_config
+from cosy.model.families.cosyvoice3 import FAMILY as CV3
 from cosy.model.files import ModelDir, load_strict
 from cosy.model.load import load_flow, load_hift
 from cosy.pipeline.stream_vocoder import RevocodeVocoder
@@ -33,7 +33,6 @@ KINDS = {"flow", "hift", "token2wav"}
 
 @pytest.fixture(scope="module")
 def model_dir() -> ModelDir:
-    cv3_family()
     return ModelDir(GOLDEN_CV3 / "model")
 
 
@@ -140,7 +139,7 @@ def _reference(section: str) -> list[tuple[str, tuple[int, ...], str]]:
 def test_random_full_size_flow_hift_match_the_published_layout(tmp_path):
     """Our builder's full-size flow.pt / hift.pt: the published keys (in order), shapes and dtypes, and they
     load strictly into our modules."""
-    family = cv3_family()
+    family = CV3
     (tmp_path / family.files.yaml).write_text(yaml_text("full", llm_size=896))
     cfg = read_model_config(tmp_path / family.files.yaml, family)
     write_flow_hift(tmp_path, cfg, seed=0)
@@ -155,7 +154,7 @@ def test_random_full_size_flow_hift_match_the_published_layout(tmp_path):
 
 def test_random_tiny_model_speaks(tmp_path):
     """A tiny random directory synthesises voiced audio (the f0 predictor was made to say 'voiced')."""
-    family = cv3_family()
+    family = CV3
     (tmp_path / family.files.yaml).write_text(yaml_text("tiny", llm_size=64))
     write_flow_hift(tmp_path, read_model_config(tmp_path / family.files.yaml, family), seed=3)
     t2w = load_token2wav(tmp_path)

@@ -118,11 +118,12 @@ def kaldi_fbank(wav16k: torch.Tensor) -> torch.Tensor:
     return feats - feats.mean(dim=0, keepdim=True)
 
 
-def flow_mel(wav24k: torch.Tensor) -> torch.Tensor:
+def flow_mel(wav24k: torch.Tensor, fmax: float | None = FLOW_FMAX) -> torch.Tensor:
     """Flow prompt mel: 24 kHz wav (1, N) -> (1, N // 480, 80) float32 natural-log mel at 50 Hz.
 
     Reflect pad (n_fft - hop) / 2 = 720 each side, uncentred STFT n_fft = win = 1920, hop 480, periodic
-    Hann; magnitude sqrt(re^2 + im^2 + 1e-9); 80 Slaney mels over 0..8 kHz; log(clamp(x, 1e-5)).
+    Hann; magnitude sqrt(re^2 + im^2 + 1e-9); 80 Slaney mels over 0..fmax (the family's
+    `prompt_mel_fmax`: CosyVoice2 8 kHz, CosyVoice3 None = 12 kHz); log(clamp(x, 1e-5)).
     """
     x = wav24k.to(torch.float32).reshape(1, -1)
     pad = (FLOW_N_FFT - FLOW_HOP) // 2
@@ -132,5 +133,5 @@ def flow_mel(wav24k: torch.Tensor) -> torch.Tensor:
     spec = torch.stft(x, FLOW_N_FFT, FLOW_HOP, win_length=FLOW_N_FFT, window=_hann(FLOW_N_FFT).to(x.device),
                       center=False, return_complex=True)
     mag = torch.sqrt(spec.real ** 2 + spec.imag ** 2 + 1e-9)
-    mel = mel_filters(FLOW_SR, FLOW_N_FFT, FLOW_MELS, 0.0, FLOW_FMAX).to(x.device) @ mag
+    mel = mel_filters(FLOW_SR, FLOW_N_FFT, FLOW_MELS, 0.0, fmax).to(x.device) @ mag
     return torch.log(torch.clamp(mel, min=1e-5)).transpose(1, 2)

@@ -46,7 +46,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         argv, extra = argv[:i], argv[i + 1:]
     p = argparse.ArgumentParser(prog="python launch/backend.py", description=__doc__.split("\n\n")[0],
                                 epilog="Arguments after `--` are passed to vLLM's server unchanged.")
-    p.add_argument("--model_dir", required=True, help="CosyVoice2 model directory (local path)")
+    p.add_argument("--model_dir", required=True, help="CosyVoice2 or CosyVoice3 model directory (local path)")
+    p.add_argument("--llm_variant", default=None,
+                   help="LM checkpoint: default (llm.pt) or rl (CosyVoice3: llm.rl.pt, RL-tuned)")
     p.add_argument("--host", default="0.0.0.0")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api_key", default=os.environ.get(API_KEY_ENV),
@@ -237,8 +239,9 @@ def main(argv: list[str] | None = None) -> int:
               "`pip install -e .` (or `pip install .`)", file=sys.stderr)
         return 2
     try:
-        export_dir = export_for_vllm(args.model_dir, args.cache_dir)
-        name = served_model_name(llm_fingerprint(args.model_dir, args.cache_dir), ModelDir(args.model_dir).family)
+        export_dir = export_for_vllm(args.model_dir, args.cache_dir, args.llm_variant)
+        name = served_model_name(llm_fingerprint(args.model_dir, args.cache_dir, args.llm_variant),
+                                 ModelDir(args.model_dir).family)
     except (ModelDirError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

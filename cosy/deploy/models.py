@@ -25,11 +25,16 @@ from typing import Callable
 
 from filelock import FileLock, Timeout
 
+from cosy.model.families.cosyvoice3 import FAMILY as COSYVOICE3
 from cosy.model.files import ALL_FILES, ModelDir, ModelDirError
 
 DEFAULT_MODEL = "iic/CosyVoice2-0.5B"
+COSYVOICE3_MODEL = "FunAudioLLM/Fun-CosyVoice3-0.5B-2512"  # the same id on ModelScope and Hugging Face
 TTSFRD_MODEL = "iic/CosyVoice-ttsfrd"
-HF_IDS = {DEFAULT_MODEL: "FunAudioLLM/CosyVoice2-0.5B", TTSFRD_MODEL: "FunAudioLLM/CosyVoice-ttsfrd"}
+HF_IDS = {DEFAULT_MODEL: "FunAudioLLM/CosyVoice2-0.5B", TTSFRD_MODEL: "FunAudioLLM/CosyVoice-ttsfrd",
+          COSYVOICE3_MODEL: COSYVOICE3_MODEL}
+HUB_MODELS = {"cosyvoice2": DEFAULT_MODEL, "cosyvoice3": COSYVOICE3_MODEL}  # family -> its published hub id
+FAMILY_TITLES = {"cosyvoice2": "CosyVoice2", "cosyvoice3": "CosyVoice3"}
 MARKER = ".cosy-complete"
 TTSFRD_RESOURCE = "resource"
 HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -64,6 +69,10 @@ def _how_to_point(model_id: str) -> str:
         return ("download it elsewhere (`modelscope download --model iic/CosyVoice-ttsfrd --local_dir DIR`), "
                 "copy it here and pass --ttsfrd_dir /path/to/CosyVoice-ttsfrd (it must contain resource/ or "
                 "resource.zip), or leave --ttsfrd_dir out to use wetext")
+    if model_id == COSYVOICE3_MODEL:
+        files = ", ".join(COSYVOICE3.files.all)
+        return (f"download it elsewhere (`modelscope download --model {COSYVOICE3_MODEL} --local_dir DIR`), copy it "
+                f"here and pass --model_dir /path/to/Fun-CosyVoice3-0.5B-2512 (it must contain {files})")
     return ("download it elsewhere (`modelscope download --model iic/CosyVoice2-0.5B --local_dir DIR`), copy it "
             f"here and pass --model_dir /path/to/CosyVoice2-0.5B (it must contain {', '.join(ALL_FILES)})")
 
@@ -168,9 +177,14 @@ def resolve_model_dir(spec: str, models_root: Path | None = None, download: Down
                                 f"hub id such as {DEFAULT_MODEL} (downloaded on first use)")
         md = ModelDir(local)
         if lost := md.missing():
-            raise ModelDirError(f"{local} is not a complete CosyVoice2 model directory: missing "
-                                f"{', '.join(lost)}. Copy the complete {DEFAULT_MODEL} directory there, or pass "
-                                f"--model_dir {DEFAULT_MODEL} to download it")
+            try:
+                name = md.family.name
+            except ModelDirError:
+                name = "cosyvoice2"
+            hub, title = HUB_MODELS.get(name, DEFAULT_MODEL), FAMILY_TITLES.get(name, name)
+            raise ModelDirError(f"{local} is not a complete {title} model directory: missing "
+                                f"{', '.join(lost)}. Copy the complete {hub} directory there, or pass "
+                                f"--model_dir {hub} to download it")
         return local
     return fetch(spec, models_root, lambda p: ModelDir(p).missing(), download, progress)
 

@@ -44,6 +44,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="comma-separated LM backends (http://host:port/v1); absent: an embedded LM per worker")
     p.add_argument("--llm_api_key", default=os.environ.get("COSY_LLM_API_KEY"),
                    help="API key of the LM backends (default: $COSY_LLM_API_KEY)")
+    p.add_argument("--llm_variant", default=None,
+                   help="LM checkpoint: default (llm.pt) or rl (CosyVoice3: llm.rl.pt, RL-tuned); LM backends "
+                        "must serve the same (launch/backend.py --llm_variant)")
     p.add_argument("--llm_api_key_file", default=None,
                    help="read the LM backends' key from this file (trailing newline stripped; keeps it out of ps)")
     p.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
@@ -164,7 +167,8 @@ def build_service(args: argparse.Namespace) -> FrontendService:
     spec = EngineSpec(str(model_dir), device=device, ttsfrd_dir=str(ttsfrd) if ttsfrd else None,
                       llm_base_url=args.llm_base_url, llm_api_key=args.llm_api_key,
                       llm_stall_timeout=args.llm_stall_timeout, max_batch=max_batch(args, device),
-                      cache_mb=speech_cache_mb(args, device), fixed_tokens=args.fixed_tokens)
+                      cache_mb=speech_cache_mb(args, device), fixed_tokens=args.fixed_tokens,
+                      llm_variant=getattr(args, "llm_variant", None))
     pool = WorkerPool(spec, workers=args.workers, max_queue=args.max_queue).start()
     return FrontendService(pool, data)
 

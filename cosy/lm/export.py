@@ -8,7 +8,9 @@ What is exported is the model family's (`ModelFamily.export_weights`, `.vllm_arc
 For CosyVoice2, a Qwen2 over 6564 ids: embed_tokens = speech_embedding (decode steps feed speech tokens),
 lm_head = llm_decoder (with bias, hence the `CosyVoice2ForCausalLM` architecture of `cosy.vllm_plugin`);
 text, sos and task_id reach it only as prompt embeddings, so the text embedding table and `llm_embedding`
-are not exported. config.json carries `cosy_family` (the family name) for the plugin's logits processor.
+are not exported. CosyVoice3: the same over 6761 ids (sos/task_id are rows of the exported table but, like
+every stop id, never fed as a decode input), head without bias (`CosyVoice3ForCausalLM`).
+config.json carries `cosy_family` (the family name) for the plugin's logits processor.
 The export lives in a writable cache (the model dir may be a read-only mount) under a name keyed by the
 content hash of llm.pt, so a fine-tuned llm.pt never serves stale weights. Concurrent exporters are
 serialised by file locks and every file is written under a temporary name and renamed into place.
@@ -67,12 +69,13 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def llm_fingerprint(model_dir: str | Path, cache_dir: str | Path | None = None) -> str:
+def llm_fingerprint(model_dir: str | Path, cache_dir: str | Path | None = None, variant: str | None = None) -> str:
     """sha256 hex of llm.pt's content, remembered in a sidecar keyed by (path, size, mtime_ns, ctime_ns,
     inode): hashing 2 GB on every start is wasteful. ctime and inode catch a same-size file rewritten with
-    its old mtime restored (`cp -p`, `rsync -a`), which size + mtime alone would miss."""
+    its old mtime restored (`cp -p`, `rsync -a`), which size + mtime alone would miss. `variant`: another
+    LM checkpoint of the family (`ModelFiles.llm_variants`, e.g. CosyVoice3's "rl" = llm.rl.pt)."""
     md = ModelDir(model_dir)
-    llm = md.file(md.family.files.llm).resolve()
+    llm = md.file(md.llm_name(variant)).resolve()
     st = llm.stat()
     key = {"path": str(llm), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns,
            "inode": st.st_ino}
@@ -111,9 +114,9 @@ def vllm_config(model_dir: ModelDir) -> dict:
     return cfg
 
 
-def _weights(model_dir: ModelDir) -> dict:
+def _weights(model_dir: ModelDir, variant: str | None = None) -> dict:
     family = model_dir.family
-    llm, prefix = family.files.llm, family.backbone_prefix
+    llm, prefix = model_dir.llm_name(variant), family.backbone_prefix
     sd = model_dir.state_dict(llm)
     try:
         out = {dst: sd[src] for dst, src in family.export_weights}
@@ -126,15 +129,16 @@ def _weights(model_dir: ModelDir) -> dict:
     return {k: v.contiguous() for k, v in out.items()}
 
 
-def export_for_vllm(model_dir: str | Path, cache_dir: str | Path | None = None) -> Path:
-    """The vLLM-servable directory of llm.pt (config.json + model.safetensors), exported on first use.
+def export_for_vllm(model_dir: str | Path, cache_dir: str | Path | None = None, variant: str | None = None) -> Path:
+    """The vLLM-servable directory of llm.pt (or of the LM `variant`: llm.rl.pt for "rl"; config.json +
+    model.safetensors), exported on first use.
 
     Reused while its llm.pt hash and config match; exported under a temporary name and renamed into place
     under a lock, so concurrent callers never see (or write) a partial directory.
     """
     md = ModelDir(model_dir)
     cache = Path(cache_dir or default_cache_dir())
-    fp = llm_fingerprint(md.path, cache)
+    fp = llm_fingerprint(md.path, cache, variant)
     config_text = json.dumps(vllm_config(md), indent=2, sort_keys=True) + "\n"
     root = cache / "vllm"
     root.mkdir(parents=True, exist_ok=True)
@@ -154,7 +158,7 @@ def export_for_vllm(model_dir: str | Path, cache_dir: str | Path | None = None) 
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
         try:
             os.chmod(tmp, 0o755)  # mkdtemp makes it 0700; a shared cache is read by other users
-            save_file(_weights(md), str(tmp / WEIGHTS), metadata={"format": "pt", "llm_sha256": fp})
+            save_file(_weights(md, variant), str(tmp / WEIGHTS), metadata={"format": "pt", "llm_sha256": fp})
             (tmp / "config.json").write_text(config_text, encoding="utf-8")
             if final.exists():  # an export with an older config: swap it out
                 trash = root / f".{final.name}.old{os.getpid()}"

@@ -1,6 +1,9 @@
-"""The speech-token LM: official CosyVoice2 `Qwen2LM` (inference only), text + voice prompt -> speech tokens.
+"""The speech-token LM: official CosyVoice2 `Qwen2LM` and CosyVoice3 `CosyVoice3LM` (inference only), text +
+voice prompt -> speech tokens.
 
-Token ids, stop set, sos/task_id rows and length ratios come from the model family (`ModelDir.family`).
+Token ids, stop set, sos/task_id rows, head bias and length ratios come from the model family
+(`ModelDir.family`): CosyVoice3 has no `llm_embedding` table (sos 6561 and task_id 6563 are rows of its
+6761-row `speech_embedding`) and its `llm_decoder` has no bias; everything else is the same module.
 
 Prompt layout (as embeddings, positions from 0):
     [sos, embed_tokens(prompt_text ++ text), task_id, speech_embedding(prompt_speech_tokens)]
@@ -17,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from cosy.lm.config import LMConfig, read_lm_config
-from cosy.lm.prompt import build_prompt_embeds
+from cosy.lm.prompt import build_prompt_embeds, tables_of
 from cosy.lm.qwen2 import KVCache, Linear, Qwen2Encoder, RotaryTable
 from cosy.lm.sampling import SamplingParams, ras_sample
 from cosy.model.family import ModelFamily
@@ -27,7 +30,7 @@ LM_HEAD_KEY = "llm.model.lm_head.weight"  # tied copy of embed_tokens in llm.pt;
 
 
 class SpeechLM(nn.Module):
-    """Qwen2 backbone + CosyVoice2 heads. Attribute names mirror llm.pt's keys.
+    """Qwen2 backbone + the family's heads. Attribute names mirror llm.pt's keys.
 
     The module holds no per-request state: the KV cache, history and RNG of a request live inside one
     `generate()` call, so several threads may generate at once with one shared, read-only module.
@@ -41,16 +44,18 @@ class SpeechLM(nn.Module):
         self.sampling = sampling or SamplingParams()
         # Random init is thrown away (weights come from llm.pt); don't let it consume the caller's CPU RNG.
         with torch.random.fork_rng(devices=[]):
-            self.llm_embedding = nn.Embedding(2, cfg.hidden_size)
+            if "llm_embedding" in tables_of(family):  # CosyVoice2: sos and task_id rows
+                self.llm_embedding = nn.Embedding(2, cfg.hidden_size)
             self.llm = Qwen2Encoder(cfg)
-            self.llm_decoder = Linear(cfg.hidden_size, cfg.num_speech_rows)
+            self.llm_decoder = Linear(cfg.hidden_size, cfg.num_speech_rows, bias=family.lm_head_bias)
             self.speech_embedding = nn.Embedding(cfg.num_speech_rows, cfg.hidden_size)
 
     @classmethod
     def from_model_dir(cls, model_dir: str | Path, device: str | torch.device = "cpu",
-                       dtype: torch.dtype = torch.float32) -> SpeechLM:
-        """cosyvoice2.yaml + CosyVoice-BlankEN/config.json + llm.pt (strict; only the unused tied
-        `llm.model.lm_head.weight` is dropped). Errors name the offending file."""
+                       dtype: torch.dtype = torch.float32, variant: str | None = None) -> SpeechLM:
+        """The family's yaml + CosyVoice-BlankEN/config.json + llm.pt (strict; only the unused tied
+        `llm.model.lm_head.weight` is dropped). `variant`: another checkpoint of the family
+        (`ModelFiles.llm_variants`, e.g. CosyVoice3's "rl" = llm.rl.pt). Errors name the offending file."""
         md = model_dir if isinstance(model_dir, ModelDir) else ModelDir(model_dir)
         mc, family = md.config, md.family
         qwen_config = md.file(family.files.qwen_dir) / "config.json"
@@ -62,8 +67,9 @@ class SpeechLM(nn.Module):
             raise ModelDirError(str(e)) from None
         with torch.device("meta"):  # no wasted random init of ~0.5 G parameters
             lm = cls(cfg, family, mc.sampling)
-        llm = md.file(family.files.llm)
-        sd = md.state_dict(family.files.llm)
+        llm_name = md.llm_name(variant)
+        llm = md.file(llm_name)
+        sd = md.state_dict(llm_name)
         sd.pop(LM_HEAD_KEY, None)
         if torch.device(device).type == "cpu" and all(v.dtype == dtype for v in sd.values()):
             # use the memory-mapped file tensors as they are: the text embedding table (0.5 GB at full
@@ -86,8 +92,10 @@ class SpeechLM(nn.Module):
     def prompt_embeds(self, text_ids: Sequence[int] | Tensor, prompt_text_ids: Sequence[int] | Tensor = (),
                       prompt_speech_tokens: Sequence[int] | Tensor = ()) -> Tensor:
         """(1, 2 + len(prompt_text) + len(text) + len(prompt_speech), H) prompt in the model dtype/device."""
-        tables = {"llm_embedding": self.llm_embedding.weight, "embed_tokens": self.llm.model.model.embed_tokens.weight,
+        tables = {"embed_tokens": self.llm.model.model.embed_tokens.weight,
                   "speech_embedding": self.speech_embedding.weight}
+        if hasattr(self, "llm_embedding"):
+            tables["llm_embedding"] = self.llm_embedding.weight
         return build_prompt_embeds(tables, self.family, text_ids, prompt_text_ids, prompt_speech_tokens)
 
     def length_limits(self, n_text_tokens: int) -> tuple[int, int]:
@@ -115,9 +123,10 @@ class SpeechLM(nn.Module):
                  params: SamplingParams | None = None) -> Iterator[int]:
         """Yield speech tokens as they are produced (never the stop token).
 
-        Stops on a stop token (`tokens.stop`, CosyVoice2: 6561/6562/6563) or after max_len tokens. Before
-        min_len only `tokens.min_len_mask` (eos 6561) is masked, as in the official code, so 6562/6563 can
-        still end the output early. The same seed gives
+        Stops on a stop token (`tokens.stop`, CosyVoice2: 6561/6562/6563, CosyVoice3: 6561..6760) or after
+        max_len tokens. Before min_len only `tokens.min_len_mask` (6561: CosyVoice2's eos, CosyVoice3's sos)
+        is masked, as in the official code, so other stop ids can still end the output early. Every token
+        is yielded, silent ones too (`cosy.lm.silence` drops long silent runs downstream). The same seed gives
         the same tokens; the global RNG is not touched (seed None draws a fresh seed from the OS).
         """
         p = params or self.sampling

@@ -56,9 +56,10 @@ class PromptEmbedder:
         self.tables, self.family = tables, family
 
     @classmethod
-    def from_model_dir(cls, model_dir: str | Path | ModelDir) -> "PromptEmbedder":
+    def from_model_dir(cls, model_dir: str | Path | ModelDir, variant: str | None = None) -> "PromptEmbedder":
+        """The tables of llm.pt (or of the LM `variant`'s file, e.g. CosyVoice3's "rl": llm.rl.pt)."""
         md = model_dir if isinstance(model_dir, ModelDir) else ModelDir(model_dir)
-        llm = md.family.files.llm
+        llm = md.llm_name(variant)
         sd = md.state_dict(llm)
         names = tables_of(md.family)
         missing = [TABLES[n] for n in names if TABLES[n] not in sd]

@@ -93,6 +93,11 @@ class RemoteLM:
         except openai.APIStatusError as e:
             raise BackendUnavailable(f"the LM backend at {self.base_url} answered {e.status_code}") from None
         if self.model not in served:
+            theirs = {name.rsplit("-", 1)[0] for name in served} - {self.model.rsplit("-", 1)[0]}
+            if theirs and len(served) == len(theirs):  # every served model is of another family
+                raise BackendError(f"the LM backend at {self.base_url} serves a {', '.join(sorted(theirs))} model "
+                                   f"({', '.join(served)}), but this frontend's model directory is "
+                                   f"{self.family.name}: start the backend on the same model directory")
             raise BackendError(f"the LM backend at {self.base_url} serves {', '.join(served) or 'nothing'}, but this "
                                f"frontend's llm.pt is {self.model}: start the backend on the same model "
                                "directory (a different or fine-tuned llm.pt would give wrong speech)")

@@ -21,6 +21,8 @@ class ModelFiles:
     yaml: str  # identifies the family: the official loader decides by this name
     speech_tokenizer: str  # ONNX, 16 kHz Whisper log-mel (1, 128, F) -> speech tokens (1, ceil(F / 4))
     llm: str = "llm.pt"
+    # other LM checkpoints of the same format shipped beside llm.pt, by variant name (`--llm_variant`)
+    llm_variants: tuple[tuple[str, str], ...] = ()
     flow: str = "flow.pt"
     hift: str = "hift.pt"
     campplus: str = "campplus.onnx"
@@ -30,6 +32,16 @@ class ModelFiles:
     def all(self) -> tuple[str, ...]:
         """Every file a complete directory holds, the yaml first."""
         return (self.yaml, self.llm, self.flow, self.hift, self.campplus, self.speech_tokenizer, self.qwen_dir)
+
+    def llm_file(self, variant: str | None = None) -> str:
+        """The LM checkpoint of `variant` (None or "default": llm.pt); ValueError naming the known ones."""
+        if variant in (None, "", "default"):
+            return self.llm
+        known = dict(self.llm_variants)
+        if variant not in known:
+            raise ValueError(f"unknown LM variant {variant!r} (this model family has: "
+                             f"{', '.join(('default', *known))})")
+        return known[variant]
 
 
 @dataclass(frozen=True)
@@ -47,10 +59,16 @@ class SpeechTokens:
     stop: tuple[int, ...]  # any of these ends decoding (never yielded)
     fill: int
     min_len_mask: int  # the id masked while fewer than min_len tokens were produced (official: 6561 in both)
+    # tokens the model counts as silence: after `max_silent_run` of them in a row, further ones are dropped
+    # from the output (the LM itself still saw them). CosyVoice2: none.
+    silent: tuple[int, ...] = ()
+    max_silent_run: int = 5
 
     def __post_init__(self):
         if not (self.size <= min(self.stop) and max(self.stop) < self.vocab and self.eos in self.stop):
             raise ValueError(f"inconsistent speech token ids: {self}")
+        if any(not 0 <= t < self.size for t in self.silent):
+            raise ValueError(f"silent tokens must be speech tokens (< {self.size}): {self.silent}")
 
 
 @dataclass(frozen=True)
@@ -82,9 +100,19 @@ class ModelFamily:
     served_name_prefix: str  # served model name (and export dir): <prefix>-<llm.pt sha256>
     export_weights: tuple[tuple[str, str], ...]  # (exported key, llm.pt key) besides the backbone layers
     backbone_prefix: str = "llm.model.model."  # llm.pt keys of the Qwen2 layers and final norm
+    lm_head_bias: bool = True  # llm_decoder has a bias (CosyVoice2) or not (CosyVoice3)
+    # text tokenizer: the specials appended after the Qwen2 base ones, in the official order
+    text_specials: str = "cosy.text.specials:COSYVOICE2"
     # prompt text format
-    end_of_prompt: str = "<|endofprompt|>"  # ends an instruction (appended when missing)
-    system_prompt: str = ""  # CosyVoice3: "You are a helpful assistant.<|endofprompt|>" before prompt text
+    end_of_prompt: str = "<|endofprompt|>"  # ends an instruction (appended when missing, unless required)
+    # CosyVoice3: "You are a helpful assistant.<|endofprompt|>", which leads the zero-shot prompt text and the
+    # cross-lingual text (text with <|...|> is neither normalized nor split, as officially)
+    system_prompt: str = ""
+    # True: an instruction must already end in `end_of_prompt` (CosyVoice3's instruct2 takes the whole LM
+    # prompt from the caller); False: the marker is appended when missing (CosyVoice2)
+    instruct_requires_end: bool = False
+    instruct_example: str = "用粤语说这句话"  # shown in the error for a bad instruction
+    prompt_mel_fmax: float | None = 8000.0  # top of the flow prompt mel's filter bank (CosyVoice3: None = sr/2)
     # output length per target text token: [min_ratio * n, max_ratio * n]
     min_token_text_ratio: float = 2
     max_token_text_ratio: float = 20
@@ -97,6 +125,8 @@ class ModelFamily:
     # streaming vocoder semantics (cosy.pipeline.stream_vocoder): CosyVoice2 crossfades chunks;
     # CosyVoice3: "cosy.pipeline.stream_vocoder:RevocodeVocoder" (re-vocodes the whole mel, no fade)
     stream_vocoder: str = "cosy.pipeline.stream_vocoder:CrossfadeVocoder"
+    # golden-case handler lists ("module:attribute") for `cosy.golden_check`; absent modules are skipped
+    golden_handlers: tuple[str, ...] = ("cosy.verify.golden_cases:HANDLERS",)
 
     @property
     def expected_classes(self) -> dict[str, str]:
@@ -107,8 +137,14 @@ class ModelFamily:
         return int(self.min_token_text_ratio * n_text_tokens), int(self.max_token_text_ratio * n_text_tokens)
 
     def instruct_prompt(self, instruct: str) -> str:
-        """The instruction as the LM's prompt text: ends in `end_of_prompt` (appended when it does not)."""
-        return instruct if instruct.endswith(self.end_of_prompt) else instruct + self.end_of_prompt
+        """The instruction as the LM's prompt text: ends in `end_of_prompt` (appended when it does not, unless
+        the family requires it: ValueError saying what to write)."""
+        if instruct.endswith(self.end_of_prompt):
+            return instruct
+        if self.instruct_requires_end:
+            raise ValueError(f"a {self.name} instruction is the LM's whole prompt and ends in {self.end_of_prompt}, "
+                             f"e.g. {self.instruct_example!r}")
+        return instruct + self.end_of_prompt
 
     def served_model_name(self, fingerprint: str) -> str:
         """What a backend serves llm.pt (sha256 hex `fingerprint`) as; frontends compare it with /v1/models."""

@@ -71,6 +71,18 @@ class ModelDir:
                                 f"(expected {', '.join(family.files.all)})")
         return p
 
+    def llm_name(self, variant: str | None = None) -> str:
+        """The file name of the LM checkpoint `variant` (None: llm.pt; CosyVoice3 "rl": llm.rl.pt), checked to
+        exist; ModelDirError naming the known variants or the missing file."""
+        try:
+            name = self.family.files.llm_file(variant)
+        except ValueError as e:
+            raise ModelDirError(str(e)) from None
+        if name != self.family.files.llm and not (self.path / name).exists():
+            raise ModelDirError(f"{self.path / name} is missing: the LM variant {variant!r} is that file beside "
+                                f"{self.family.files.llm} (the published {self.family.name} directory ships it)")
+        return name
+
     def missing(self, names: tuple[str, ...] | None = None) -> list[str]:
         """Names (default: every file of the family) absent from the directory. Without a known yaml the
         family is unknown: the answer is then the yaml names looked for, as one entry ('a.yaml or b.yaml')."""

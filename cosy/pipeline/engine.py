@@ -26,15 +26,17 @@ from cosy.lm.export import llm_fingerprint, served_model_name
 from cosy.lm.pool import connect
 from cosy.lm.prompt import PromptEmbedder
 from cosy.lm.sampling import SamplingParams
+from cosy.lm.silence import drop_long_silence
 from cosy.model.families.cosyvoice2 import FAMILY as COSYVOICE2
 from cosy.model.family import ModelFamily, import_object
 from cosy.model.files import ModelDir
+from cosy.pipeline.lm_input import lm_input
 from cosy.pipeline.request import SynthesisError, SynthesisRequest
 from cosy.pipeline.token2wav import FlowPrompt, Token2Wav, load_token2wav
 from cosy.prompt.encoder import PromptFeatures, VoicePromptEncoder
 from cosy.speech.scheduler import Batch
 from cosy.text.frontend import TextFrontend
-from cosy.text.tokenizer import ENDOFPROMPT_ID, TextTokenizer
+from cosy.text.tokenizer import TextTokenizer
 
 log = logging.getLogger(__name__)
 
@@ -61,20 +63,22 @@ class Engine:
     @classmethod
     def from_model_dir(cls, model_dir: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32,
                        ttsfrd_dir: str | Path | None = None, llm_base_url: str | None = None,
-                       llm_api_key: str | None = None, cache_mb: int = 0) -> "Engine":
+                       llm_api_key: str | None = None, cache_mb: int = 0, llm_variant: str | None = None) -> "Engine":
         """Everything from one model directory. With `llm_base_url` (comma-separated backends) the LM runs
         remotely and only its embedding tables are loaded here; the backends are checked now (reachable,
-        key accepted, serving this llm.pt). `cache_mb`: streaming flow state budget (`load_token2wav`)."""
+        key accepted, serving this llm.pt). `cache_mb`: streaming flow state budget (`load_token2wav`).
+        `llm_variant`: another LM checkpoint of the family (CosyVoice3 "rl": llm.rl.pt), embedded or served."""
         md = ModelDir(model_dir)
         family = md.family
-        text = TextFrontend(TextTokenizer.from_dir(md.file(family.files.qwen_dir)), ttsfrd_dir)
+        text = TextFrontend(TextTokenizer.from_dir(md.file(family.files.qwen_dir),
+                                                   import_object(family.text_specials)), ttsfrd_dir)
         if llm_base_url:
             lm: SpeechTokenLM = connect(llm_base_url, llm_api_key,
-                                        served_model_name(llm_fingerprint(md.path), family), md.config.sampling,
-                                        family=family)
-            prompt_embeds = PromptEmbedder.from_model_dir(md)
+                                        served_model_name(llm_fingerprint(md.path, variant=llm_variant), family),
+                                        md.config.sampling, family=family)
+            prompt_embeds = PromptEmbedder.from_model_dir(md, llm_variant)
         else:
-            lm = import_object(family.lm).from_model_dir(md, device=device, dtype=dtype)
+            lm = import_object(family.lm).from_model_dir(md, device=device, dtype=dtype, variant=llm_variant)
             prompt_embeds = lm.prompt_embeds
         return cls(text, VoicePromptEncoder(md), lm, load_token2wav(md, device, dtype, cache_mb), prompt_embeds, family)
 
@@ -97,13 +101,16 @@ class Engine:
             tokens = self.prompts.speech_tokens(_load16k(req.source_wav))
             yield from self._token2wav(iter(tokens.flatten().tolist()), flow_prompt, req, seed)
             return
-        prompt_text_ids, prompt_speech = self._lm_prompt(req, features)
-        for i, (segment, text_ids) in enumerate(self._segments(req.text)):
+        inputs = lm_input(self.text, self.family, req.mode, req.text, req.prompt_text, req.instruct_text,
+                          features.speech_tokens.flatten().tolist())
+        prompt_text_ids, prompt_speech = inputs.prompt_text, inputs.prompt_speech
+        for i, (segment, text_ids) in enumerate(inputs.segments):
             log.debug("segment %d: %s", i, segment)
             embeds = self._prompt_embeds(text_ids, prompt_text_ids, prompt_speech)
             min_len, max_len = self.family.length_limits(len(text_ids))
             params = dataclasses.replace(self.lm.sampling, greedy=True) if req.greedy else None
-            tokens = self.lm.generate(embeds, min_len, max_len, seed=seed + i, params=params)
+            tokens = drop_long_silence(self.lm.generate(embeds, min_len, max_len, seed=seed + i, params=params),
+                                       self.family.tokens)
             yield from self._token2wav(tokens, flow_prompt, req, seed + i)
 
     def _features(self, req: SynthesisRequest) -> PromptFeatures:
@@ -114,32 +121,6 @@ class Engine:
         if req.prompt_wav is None:
             raise SynthesisError(f"mode '{req.mode}' needs a prompt audio (prompt_wav)")
         return self.prompts.encode(req.prompt_wav)
-
-    def _lm_prompt(self, req: SynthesisRequest, features: PromptFeatures) -> tuple[list[int], list[int]]:
-        """(prompt text ids, prompt speech tokens) the LM continues from, per mode (official rules; the
-        family's `system_prompt` leads the prompt text, empty for CosyVoice2)."""
-        speech = features.speech_tokens.flatten().tolist()
-        system = self.family.system_prompt
-        if req.mode in ("zero_shot", "voice"):
-            if not req.prompt_text.strip():
-                raise SynthesisError(f"mode '{req.mode}' needs the prompt's transcript (prompt_text)")
-            return self.text.encode(system + self.text.normalize(req.prompt_text, split=False)[0]), speech
-        if req.mode == "instruct":
-            instruct = req.instruct_text.strip()
-            if not instruct:
-                raise SynthesisError("mode 'instruct' needs an instruction (instruct_text)")
-            ids = self.text.encode(self.family.instruct_prompt(instruct))
-            assert ids[-1] == ENDOFPROMPT_ID
-            return ids, []  # the instruction is not normalized, and no prompt speech
-        return (self.text.encode(system) if system else []), []  # cross-lingual: text only
-
-    def _segments(self, text: str) -> list[tuple[str, list[int]]]:
-        if not text or not text.strip():
-            raise SynthesisError("text is empty")
-        segments = [(s, ids) for s, ids in self.text.segments(text) if ids]
-        if not segments:
-            raise SynthesisError("text has nothing to speak (only punctuation or symbols)")
-        return segments
 
     def _token2wav(self, tokens: Iterator[int], prompt: FlowPrompt, req: SynthesisRequest,
                    seed: int) -> Iterator[Tensor]:

@@ -85,5 +85,5 @@ class VoicePromptEncoder:
         wav24k = resample(wav, sr, FLOW_SR).unsqueeze(0)
         tokens = self.speech_tokens(wav16k)
         embedding = self.speaker_embedding(wav16k)
-        tokens, mel = align(tokens, flow_mel(wav24k))
+        tokens, mel = align(tokens, flow_mel(wav24k, self.family.prompt_mel_fmax))
         return PromptFeatures(speech_tokens=tokens.contiguous(), mel=mel.contiguous(), embedding=embedding)

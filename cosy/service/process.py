@@ -32,6 +32,7 @@ class EngineSpec:
     max_batch: int = 1  # live requests per worker process (1: the old one-request-at-a-time loop)
     cache_mb: int = 0  # streaming flow state budget (cosy.speech.cache); 0 recomputes every prefix
     fixed_tokens: int = 0  # benchmarks only: every request generates exactly this many speech tokens
+    llm_variant: str | None = None  # another LM checkpoint of the family (CosyVoice3 "rl": llm.rl.pt)
 
 
 INTERRUPT = getattr(signal, "SIGUSR1", None)  # the dispatcher's "stop computing now" (POSIX)
@@ -142,7 +143,7 @@ def _serve(spec: EngineSpec, conn, cancel, health, prepare) -> None:
     try:
         engine = Engine.from_model_dir(spec.model_dir, device=spec.device, ttsfrd_dir=spec.ttsfrd_dir,
                                        llm_base_url=spec.llm_base_url, llm_api_key=spec.llm_api_key,
-                                       cache_mb=spec.cache_mb)
+                                       cache_mb=spec.cache_mb, llm_variant=spec.llm_variant)
     except Exception as e:  # reported to the parent, which refuses to start
         conn.send(("failed", f"{type(e).__name__}: {e}"))
         return

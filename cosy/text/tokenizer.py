@@ -1,10 +1,11 @@
-"""The CosyVoice2 text tokenizer: Qwen2 byte-level BPE plus the CosyVoice special tokens.
+"""The CosyVoice text tokenizer: Qwen2 byte-level BPE plus the model family's CosyVoice special tokens.
 
 Built with the `tokenizers` library directly (never `transformers`, whose model imports break beside a
 CPU torch). A `CosyVoice-BlankEN` directory holds `vocab.json` + `merges.txt` + `tokenizer_config.json`
 (the official layout; the BPE is assembled the way transformers' Qwen2 converter does it) or a
-`tokenizer.json`. The 17 CosyVoice tokens are then appended in the official order, so `<|endofprompt|>`
-is 151646 and the length is 151663 for the real vocabulary. No BOS/EOS is added when encoding.
+`tokenizer.json`. The family's CosyVoice tokens (`cosy.text.specials`) are then appended in the official
+order, so `<|endofprompt|>` is 151646 and the length is 151663 (CosyVoice2) or 151924 (CosyVoice3, with
+`<|endofsystem|>` and 260 phoneme tokens) for the real vocabulary. No BOS/EOS is added when encoding.
 
 Thread safety: encode/decode only read the tokenizer; one instance may serve concurrent requests.
 """
@@ -16,14 +17,12 @@ from pathlib import Path
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers, processors
 from tokenizers.models import BPE
 
+from cosy.text.specials import COSYVOICE2
+
 __all__ = ["SPECIAL_TOKENS", "ENDOFPROMPT_ID", "EOS_ID", "TextTokenizer", "TokenizerDirError"]
 
-# Appended after the Qwen2 base specials (<|endoftext|> <|im_start|> <|im_end|>), in this order.
-SPECIAL_TOKENS: tuple[str, ...] = (
-    "<|endofprompt|>", "[breath]", "<strong>", "</strong>", "[noise]", "[laughter]", "[cough]",
-    "[clucking]", "[accent]", "[quick_breath]", "<laughter>", "</laughter>", "[hissing]", "[sigh]",
-    "[vocalized-noise]", "[lipsmack]", "[mn]",
-)
+# CosyVoice2's, appended after the Qwen2 base specials (<|endoftext|> <|im_start|> <|im_end|>), in this order.
+SPECIAL_TOKENS: tuple[str, ...] = COSYVOICE2
 ENDOFPROMPT_ID = 151646
 EOS_ID = 151643
 
@@ -79,8 +78,9 @@ class TextTokenizer:
         self._tok = tokenizer
 
     @classmethod
-    def from_dir(cls, path: str | Path) -> "TextTokenizer":
-        """Load a CosyVoice-BlankEN directory; errors name the missing or inconsistent file."""
+    def from_dir(cls, path: str | Path, specials: tuple[str, ...] = SPECIAL_TOKENS) -> "TextTokenizer":
+        """Load a CosyVoice-BlankEN directory and append `specials` (the family's: `ModelFamily.text_specials`);
+        errors name the missing or inconsistent file."""
         root = Path(path).expanduser()
         if not root.is_dir():
             raise TokenizerDirError(f"tokenizer directory {root} does not exist or is not a directory")
@@ -96,7 +96,7 @@ class TextTokenizer:
                 raise TokenizerDirError(f"{root}: cannot build the BPE from {VOCAB} and {MERGES} ({e})") from e
             _add_config_tokens(tok, root / CONFIG)
         # Tokens already present keep their ids (as transformers' add_special_tokens does).
-        tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+        tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
         return cls(tok)
 
     def encode(self, text: str) -> list[int]:

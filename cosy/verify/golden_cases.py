@@ -3,6 +3,11 @@
 A handler takes the golden directory and one case and returns our value for each of the case's outputs:
 a tensor (compared with the stored tensor, or its windows and checksums), or a plain value (compared
 exactly). Handlers are chosen by the case's `producer` text, so any directory of the format works.
+
+Which handlers apply is the model family's (of the golden `model/` directory): `ModelFamily.golden_handlers`
+names lists of (test on the producer, handler) as "module:attribute"; `HANDLERS` below are CosyVoice2's.
+A family's lists are searched in order, the first match wins; a named module that does not exist is
+skipped (its cases then report "not understood").
 """
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ from torch import Tensor
 from cosy.audio.features import flow_mel, kaldi_fbank, whisper_log_mel
 from cosy.audio.io import load_prompt_wav
 from cosy.lm.model import SpeechLM
+from cosy.model.family import ModelFamily, import_object
 from cosy.model.files import ModelDir
 from cosy.model.load import load_flow, load_hift
 from cosy.text.frontend import TextFrontend
@@ -34,6 +40,10 @@ class GoldenModels:
         return ModelDir(self.root / "model")
 
     @cached_property
+    def family(self) -> ModelFamily:
+        return self.model.family
+
+    @cached_property
     def flow(self):
         return load_flow(self.model)
 
@@ -47,7 +57,12 @@ class GoldenModels:
 
     @cached_property
     def text(self) -> TextFrontend:
-        return TextFrontend(TextTokenizer.from_dir(self.root / "tokenizer"))
+        """The golden `tokenizer/` (CosyVoice2's format) or else the model's own CosyVoice-BlankEN (CosyVoice3),
+        with the family's special tokens."""
+        tokenizer_dir = self.root / "tokenizer"
+        if not tokenizer_dir.is_dir():
+            tokenizer_dir = self.model.file(self.family.files.qwen_dir)
+        return TextFrontend(TextTokenizer.from_dir(tokenizer_dir, import_object(self.family.text_specials)))
 
     def find_file(self, name: str) -> Path:
         """An input file named relative to the repository the fixtures came from (`shared/assets/x.wav`):
@@ -185,24 +200,13 @@ HANDLERS: list[tuple[Callable[[str], bool], Handler]] = [
 ]
 
 
-def family_handlers() -> list[tuple[Callable[[str], bool], Handler]]:
-    """The `HANDLERS` (list of (producer test, handler)) of every other `cosy.verify.golden_*` module (a
-    family's cases, e.g. `golden_cv3_speech`), found by name so a family adds its cases without editing this
-    file. Imported on first use: those modules import this one."""
-    import importlib
-    import pkgutil
-
-    import cosy.verify as package
-
-    found = []
-    for m in sorted(m.name for m in pkgutil.iter_modules(package.__path__)):
-        if m.startswith("golden_") and m not in ("golden_cases", "golden_check"):
-            found += getattr(importlib.import_module(f"{package.__name__}.{m}"), "HANDLERS", [])
-    return found
+def family_handlers(family: ModelFamily) -> list[tuple[Callable[[str], bool], Handler]]:
+    """The family's handler lists (`ModelFamily.golden_handlers`, in order) concatenated."""
+    return [h for spec in family.golden_handlers for h in import_object(spec)]
 
 
-def handler_for(case: dict) -> Handler | None:
-    """The handler of a case: family modules' handlers first (their producers can contain CosyVoice2's
-    names, e.g. 'CausalHiFTGenerator.decode'), then the CosyVoice2 ones."""
+def handler_for(case: dict, family: ModelFamily | None = None) -> Handler | None:
+    """The first handler of `family` (default: CosyVoice2's `HANDLERS`) whose test accepts the producer."""
     producer = case.get("producer", "")
-    return next((h for test, h in family_handlers() + HANDLERS if test(producer)), None)
+    handlers = HANDLERS if family is None else family_handlers(family)
+    return next((h for test, h in handlers if test(producer)), None)

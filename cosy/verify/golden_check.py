@@ -122,7 +122,7 @@ def run(root: Path, kinds: set[str] | None = None, out=sys.stdout) -> bool:
     for case in meta["cases"]:
         if kinds is not None and case["name"].split(".", 1)[0] not in kinds:
             continue
-        handler = handler_for(case)
+        handler = handler_for(case, models.family)
         if handler is None:
             rows: list[Row] = [(f"{case['name']} (case not understood)", float("inf"), 0.0, False)]
         else:

@@ -1,6 +1,7 @@
-"""`CosyVoice2ForCausalLM`: vLLM's Qwen2 with CosyVoice2's biased output head (`llm_decoder`).
+"""`CosyVoice2ForCausalLM`: vLLM's Qwen2 with CosyVoice2's biased output head (`llm_decoder`), and
+`CosyVoice3ForCausalLM` (head without bias: stock Qwen2 with an untied head).
 
-The CosyVoice2 family registers it (`ModelFamily.vllm_model`); the vocabulary size is read from config.json.
+Each family registers its class (`ModelFamily.vllm_model`); the vocabulary size is read from config.json.
 
 The exported checkpoint (`cosy.lm.export`) is a Qwen2 whose 6564-id vocabulary is the speech tokens:
 embed_tokens = speech_embedding (what each decode step feeds), lm_head = llm_decoder. Stock Qwen2 has no
@@ -30,3 +31,14 @@ class CosyVoice2ForCausalLM(Qwen2ForCausalLM):
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
         return self.logits_processor(self.lm_head, hidden_states, self.lm_head.bias)
+
+
+class CosyVoice3ForCausalLM(Qwen2ForCausalLM):
+    """CosyVoice3's LM as exported: stock Qwen2 over the 6761 speech ids with an untied head without bias
+    (`llm_decoder`); the CosyVoice3 family registers it so that its exports are told apart from plain Qwen2."""
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
+        super().__init__(vllm_config=vllm_config, prefix=prefix)
+        if self.config.tie_word_embeddings:
+            raise ValueError("CosyVoice3ForCausalLM needs tie_word_embeddings=false (its head is llm_decoder, "
+                             "not the speech embedding); re-export with cosy.lm.export")
