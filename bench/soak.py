@@ -420,7 +420,8 @@ def run(app: AppProcess, args: argparse.Namespace, seconds: float, warmup: float
     checks = [
         ("RSS", end["rss_mb"] <= base["rss_mb"] + args.rss_growth_mb,
          f"{base['rss_mb']:.1f} -> {end['rss_mb']:.1f} MB (allowed +{args.rss_growth_mb:g})"),
-        ("open fds", end["fds"] <= base["fds"] + args.fd_growth, f"{base['fds']} -> {end['fds']} (allowed +{args.fd_growth})"),
+        ("open fds", end["fds"] <= base["fds"] + args.fd_growth,
+         f"{base['fds']} -> {end['fds']} (allowed +{args.fd_growth})"),
         ("temp files", end["tmp_mb"] <= max(base["tmp_mb"], 2 * args.results_max_mb) + slack,
          f"{base['tmp_mb']:.2f} -> {end['tmp_mb']:.2f} MB ({base['tmp_files']} -> {end['tmp_files']} files; "
          f"bound 2 x {args.results_max_mb:g} + {slack:g} MB)"),
