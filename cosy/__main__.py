@@ -92,8 +92,15 @@ def main(argv: list[str] | None = None) -> int:
     took = time.perf_counter() - start
     audio_s = samples / engine.sample_rate
     print(f"wrote {args.out}: {audio_s:.2f} s of audio in {took:.2f} s (first chunk {first or 0:.2f} s, "
-          f"RTF {took / max(audio_s, 1e-9):.2f})", file=sys.stderr)
+          f"RTF {took / max(audio_s, 1e-9):.2f}{_peak_gpu(args.device)})", file=sys.stderr)
     return 0
+
+
+def _peak_gpu(device: str) -> str:
+    if not device.startswith("cuda"):
+        return ""
+    import torch
+    return f", peak GPU memory {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB"
 
 
 def _chunks(engine: Engine, req: SynthesisRequest):
