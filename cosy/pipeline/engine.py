@@ -86,7 +86,9 @@ class Engine:
         else:
             lm = import_object(family.lm).from_model_dir(md, device=device, dtype=dtype)
             prompt_embeds = lm.prompt_embeds
-        return cls(text, VoicePromptEncoder(md), lm, load_token2wav(md, device, dtype, cache_mb), prompt_embeds, family)
+        gpu = torch.device(device).index or 0  # the speech tokenizer's GPU, if onnxruntime has CUDA
+        return cls(text, VoicePromptEncoder(md, gpu=gpu), lm, load_token2wav(md, device, dtype, cache_mb),
+                   prompt_embeds, family)
 
     @property
     def sample_rate(self) -> int:

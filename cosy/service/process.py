@@ -142,6 +142,8 @@ def _serve(spec: EngineSpec, conn, cancel, health, prepare) -> None:
     from cosy.pipeline.engine import Engine
 
     torch.set_num_threads(spec.threads or max(1, (os.cpu_count() or 1)))
+    if spec.device.startswith("cuda:"):  # this worker's GPU is the current one (cuDNN handles, bare "cuda")
+        torch.cuda.set_device(spec.device)
     try:
         engine = Engine.from_model_dir(spec.model_dir, device=spec.device, dtype=spec.dtype,
                                        ttsfrd_dir=spec.ttsfrd_dir, llm_base_url=spec.llm_base_url,
