@@ -70,11 +70,11 @@ for dt in float32 "$DTYPE"; do
   cli=($PY -m cosy --model_dir "$MODEL" --device "$DEVICE" --dtype "$dt" --stream --speed 1.5 --seed 0
        --data_dir "$OUT/data" --text "$TEXT")
   step 60 "cli-$dt-zero_shot" "${cli[@]}" --mode zero_shot --prompt_wav $WAV --prompt_text "$PROMPT_TEXT" \
-    --save_voice gpucheck --out "$OUT/$dt-zero_shot.wav"
+    --save_voice "gpucheck_$dt" --out "$OUT/$dt-zero_shot.wav"
   step 60 "cli-$dt-cross_lingual" "${cli[@]}" --mode cross_lingual --prompt_wav $WAV --out "$OUT/$dt-cross_lingual.wav"
   step 60 "cli-$dt-instruct" "${cli[@]}" --mode instruct --prompt_wav $WAV --instruct_text "用开心的语气说这句话" \
     --out "$OUT/$dt-instruct.wav"
-  step 60 "cli-$dt-voice" "${cli[@]}" --mode voice --voice_id gpucheck --out "$OUT/$dt-voice.wav"
+  step 60 "cli-$dt-voice" "${cli[@]}" --mode voice --voice_id "gpucheck_$dt" --out "$OUT/$dt-voice.wav"
   step 60 "cli-$dt-vc" "${cli[@]}" --mode vc --prompt_wav $WAV --source_wav assets/cross_lingual_prompt.wav \
     --out "$OUT/$dt-vc.wav"
 done
