@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The prepared GPU check: everything a first CUDA run of the frontend side does, in fp32 and in a half dtype,
 # with the numbers to judge it. Needs only a CUDA build of torch plus the small wheels of bench/gpu_wheels.txt
-# (no vLLM, no Gradio); at most about 8 minutes on one GPU at full size.
+# (no vLLM, no Gradio); at most 8 minutes (BUDGET=480 s, the model build included) on one GPU at full size.
 #
 #     bash bench/gpu_check.sh                     # cuda, full-size random model, fp32 and bfloat16
 #     DEVICE=cpu bash bench/gpu_check.sh          # the same steps on the CPU: tiny model, bfloat16, few tokens
@@ -16,7 +16,8 @@
 #      strict fp32, same inputs
 #   4. bench/synthesis.py per dtype: stage times, LM tokens/s, RTF and first chunk per mode, peak GPU memory
 #   5. bench/lm_throughput.py, embedded LM, per dtype: tokens/s and TTFT at 1 and 8 concurrent, peak GPU memory
-# A summary of the CLI lines follows; the exit status is 1 if a step failed or ran out of time.
+# A summary of the CLI lines follows; the exit status is 1 if a step failed, ran out of time or was skipped
+# because the budget was spent. On the CPU the limits are SLOW (4) times longer.
 set -u
 cd "$(dirname "$0")/.."
 DEVICE=${DEVICE:-cuda}
@@ -40,10 +41,13 @@ if ! $PY -c "import soundfile, kaldi_native_fbank, wetext, inflect, qwen_token_c
 fi
 failed=0
 start=$SECONDS
+BUDGET=${BUDGET:-480}  # seconds for the whole check (times SLOW): a step gets at most what is left
 step() {  # step LIMIT_S NAME CMD...: run with a time limit, output to the terminal and $OUT/NAME.log
-  local limit=$1 name=$2; shift 2
+  local limit=$(( $1 * SLOW )) name=$2 left=$(( BUDGET * SLOW - SECONDS + start )); shift 2
+  if [ "$left" -le 0 ]; then echo "gpu_check: $name skipped (the ${BUDGET} s budget is spent)"; failed=1; return 1; fi
+  [ "$left" -lt "$limit" ] && limit=$left
   echo "== $name ($(( SECONDS - start )) s in)"
-  timeout $(( limit * SLOW )) "$@" 2>&1 | tee "$OUT/$name.log"
+  timeout "$limit" "$@" 2>&1 | tee "$OUT/$name.log"
   local rc=${PIPESTATUS[0]}
   if [ "$rc" != 0 ]; then echo "gpu_check: $name failed (exit $rc; 124 = out of time)"; failed=1; fi
   return "$rc"
