@@ -23,7 +23,7 @@ def test_dtype_rule():
         resolve_dtype("int8", "cuda")
 
 
-def _prompt_and_tokens(n_prompt=25, n=60):
+def _prompt_and_tokens(n_prompt=25, n=90):
     g = torch.Generator().manual_seed(0)
     prompt = FlowPrompt(torch.randint(0, 6561, (1, n_prompt), generator=g, dtype=torch.int32),
                         torch.randn(1, 2 * n_prompt, 80, generator=g), torch.randn(1, 192, generator=g))
