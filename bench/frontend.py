@@ -1,7 +1,7 @@
 """Benchmark one frontend worker process: the speech-stage engine against the old one-request path, same run.
 
     python bench/frontend.py [--model_dir DIR] [--tokens 100] [--concurrency 1,4,8,16] [--lm backend,embedded]
-                             [--max_batch 16] [--cache_mb 4096] [--threads 2]
+                             [--max_batch 16] [--cache_mb 4096] [--threads 2] [--device cuda --dtype bfloat16]
 
 Full-size random model (built once into .cache/full-random). Every request: saved voice (features computed
 once, assets/zero_shot_prompt.wav, 3.5 s), streaming, exactly --tokens speech tokens (stop tokens masked).
@@ -29,8 +29,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from devices import add_device_args, check_device_args, sync  # noqa: E402
 from synthesis import FixedLengthLM  # noqa: E402  (the same fixed-count LM as the in-process benchmark)
 
+from cosy.model.precision import DTYPES  # noqa: E402
 from cosy.pipeline.request import SynthesisRequest  # noqa: E402
 from cosy.service.workers import EngineSpec, WorkerPool  # noqa: E402
 
@@ -76,8 +78,9 @@ def measure(pool: WorkerPool, voice, n: int) -> dict:
 
 def run_path(name, model_dir, url, key, args, levels) -> list[tuple]:
     engine = name == "engine"
-    spec = EngineSpec(str(model_dir), llm_base_url=url, llm_api_key=key, threads=args.threads,
-                      max_batch=args.max_batch if engine else 1, cache_mb=args.cache_mb if engine else 0)
+    spec = EngineSpec(str(model_dir), device=args.device, dtype=args.dtype, tf32=args.tf32, llm_base_url=url,
+                      llm_api_key=key, threads=args.threads, max_batch=args.max_batch if engine else 1,
+                      cache_mb=args.cache_mb if engine else 0)
     pool = WorkerPool(spec, workers=1, max_queue=64)
     pool.worker_prepare = functools.partial(fix_tokens, n=args.tokens)
     pool.start()
@@ -94,7 +97,7 @@ def run_path(name, model_dir, url, key, args, levels) -> list[tuple]:
         pool.close()
 
 
-def flow_times(model_dir, tokens: int, cache_mb: int) -> dict:
+def flow_times(model_dir, tokens: int, cache_mb: int, device: str = "cpu", dtype: str = "float32") -> dict:
     """Flow seconds of one streaming request (cached / recomputing) and the same utterance non-streaming."""
     from cosy.model.files import ModelDir
     from cosy.pipeline.token2wav import FlowPrompt, load_token2wav
@@ -105,7 +108,7 @@ def flow_times(model_dir, tokens: int, cache_mb: int) -> dict:
     out, t2w = {}, None
     runs = (("stream_recompute", 0, None), ("stream_cached", cache_mb, "v"), ("stream_cached_warm", -1, "v"))
     for label, mb, key in runs:  # the warm run reuses the cached run's Token2Wav (its voice state)
-        t2w = t2w if mb == -1 else load_token2wav(model_dir, cache_mb=mb)
+        t2w = t2w if mb == -1 else load_token2wav(model_dir, device, DTYPES[dtype], cache_mb=mb)
         prompt = FlowPrompt(f.speech_tokens, f.mel, f.embedding, key)
         hift_s = [0.0]
         real = t2w.hift.inference
@@ -125,7 +128,7 @@ def flow_times(model_dir, tokens: int, cache_mb: int) -> dict:
         out[label] = time.perf_counter() - t0 - hift_s[0]
         del t2w.hift.inference
     t0 = time.perf_counter()
-    t2w.mel(ids, FlowPrompt(f.speech_tokens, f.mel, f.embedding))
+    sync(t2w.mel(ids, FlowPrompt(f.speech_tokens, f.mel, f.embedding)).device)
     out["nonstream"] = time.perf_counter() - t0
     return out
 
@@ -141,7 +144,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--api_key", default=os.environ.get("COSY_LLM_API_KEY", "bench-key"))
     ap.add_argument("--skip_flow", action="store_true")
+    add_device_args(ap)
     args = ap.parse_args()
+    check_device_args(ap, args)
     torch.set_num_threads(args.threads)
     from cosy.verify.random_model import write_random_model
     model_dir = args.model_dir or ROOT / ".cache" / "full-random"
@@ -149,9 +154,9 @@ def main() -> None:
         write_random_model(model_dir, "full", seed=0)
     levels = [int(c) for c in args.concurrency.split(",")]
     print(f"model {model_dir}; {args.tokens} tokens per request, streaming, saved voice; 1 worker process, "
-          f"{args.threads} threads", flush=True)
+          f"{args.threads} threads, {args.device} ({args.dtype})", flush=True)
     if not args.skip_flow:
-        ft = flow_times(model_dir, args.tokens, args.cache_mb)
+        ft = flow_times(model_dir, args.tokens, args.cache_mb, args.device, args.dtype)
         print("flow seconds: " + ", ".join(f"{k} {v:.2f}" for k, v in ft.items()), flush=True)
         print(f"streaming/non-streaming flow time: recompute {ft['stream_recompute'] / ft['nonstream']:.2f}x, "
               f"cached {ft['stream_cached'] / ft['nonstream']:.2f}x, cached+voice warm "

@@ -3,6 +3,7 @@ vLLM backend (`launch/backend.py`), fixed token counts.
 
     python bench/lm_throughput.py [--model_dir DIR] [--tokens 100] [--concurrency 1,8,16]
                                   [--backend_url URL --api_key KEY | --start_backend]
+                                  [--device cuda --dtype bfloat16 --no_tf32]   (the embedded LM's)
 
 Without --model_dir the full-size random model of bench/synthesis.py is used (built if missing).
 --start_backend starts `launch/backend.py` on that model for the run (port 8123) and stops it after.
@@ -24,12 +25,15 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from devices import add_device_args, check_device_args, peak_gpu  # noqa: E402
 
 from cosy.lm.export import llm_fingerprint, served_model_name  # noqa: E402
 from cosy.lm.model import SpeechLM  # noqa: E402
 from cosy.lm.prompt import PromptEmbedder  # noqa: E402
-from cosy.lm.remote import RemoteLM  # noqa: E402
 from cosy.model.files import ModelDir  # noqa: E402
+from cosy.model.precision import DTYPES, set_tf32  # noqa: E402
 from cosy.verify.random_model import write_random_model  # noqa: E402
 
 
@@ -86,16 +90,20 @@ def main() -> None:
     ap.add_argument("--api_key", default=os.environ.get("COSY_LLM_API_KEY", "bench-key"))
     ap.add_argument("--start_backend", action="store_true")
     ap.add_argument("--skip_embedded", action="store_true")
+    add_device_args(ap)
     args = ap.parse_args()
+    check_device_args(ap, args)
     torch.set_num_threads(args.threads)
     model_dir = args.model_dir or ROOT / ".cache" / "full-random"
     if not (model_dir / "llm.pt").exists():
         write_random_model(model_dir, "full", seed=0)
     levels = [int(c) for c in args.concurrency.split(",")]
-    print(f"model {model_dir}; {args.tokens} tokens per request; prompt 131 positions")
+    print(f"model {model_dir}; {args.tokens} tokens per request; prompt 131 positions; embedded LM on "
+          f"{args.device} ({args.dtype})")
     rows = []
     if not args.skip_embedded:
-        lm = SpeechLM.from_model_dir(model_dir)
+        set_tf32(args.device, args.tf32)
+        lm = SpeechLM.from_model_dir(model_dir, device=args.device, dtype=DTYPES[args.dtype])
         embeds = prompt(lm.prompt_embeds)
         measure(lm, embeds, 5, 1)  # warm-up
         rows += [("embedded", n, *measure(lm, embeds, args.tokens, n)) for n in levels]
@@ -106,6 +114,7 @@ def main() -> None:
         proc, url = start_backend(model_dir, 8123, args.api_key)
     try:
         if url:
+            from cosy.lm.remote import RemoteLM  # the backend client (openai): only when there is a backend
             family = ModelDir(model_dir).family
             remote = RemoteLM(url, args.api_key, served_model_name(llm_fingerprint(model_dir), family), family=family)
             remote.check()
@@ -119,6 +128,8 @@ def main() -> None:
     print(f"{'LM':<10} {'concurrent':>10} {'tokens/s':>10} {'TTFT p50':>9} {'TTFT p95':>9}")
     for name, n, tps, p50, p95 in rows:
         print(f"{name:<10} {n:>10} {tps:>10.1f} {p50:>8.2f}s {p95:>8.2f}s")
+    if peak_gpu(args.device) and not args.skip_embedded:
+        print(f"embedded LM on {args.device} ({args.dtype}): {peak_gpu(args.device)}")
 
 
 if __name__ == "__main__":

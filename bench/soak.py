@@ -1,6 +1,7 @@
 """Soak a frontend with mixed good and bad requests and random client disconnects; check nothing grows.
 
     python bench/soak.py [--minutes 10] [--clients 4] [--model_dir DIR] [--llm_base_url URL --llm_api_key K]
+                         [--device cpu|cuda]
 
 Starts its own `app.py` on loopback (a tiny random model built into a temp dir unless --model_dir), with a
 fresh data dir and TMPDIR and small store bounds (--uploads_max_mb, --results_max_mb), then runs
@@ -60,6 +61,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--llm_base_url", default=None, help="LM backends for the app (default: embedded LM)")
     p.add_argument("--llm_api_key", default=None)
     p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--device", default="cpu", help="the app's --device (default cpu)")
     p.add_argument("--max_queue", type=int, default=6, help="the app's --max_queue (small: 429s happen)")
     p.add_argument("--uploads_max_mb", type=float, default=2.0)
     p.add_argument("--results_max_mb", type=float, default=4.0)
@@ -87,7 +89,7 @@ class AppProcess:
         cmd = [sys.executable, str(ROOT / "app.py"), "--model_dir", str(model_dir), "--data_dir", str(self.data),
                "--host", "127.0.0.1", "--port", str(self.port), "--workers", str(args.workers),
                "--max_queue", str(args.max_queue), "--uploads_max_mb", str(args.uploads_max_mb),
-               "--results_max_mb", str(args.results_max_mb)]
+               "--results_max_mb", str(args.results_max_mb), "--device", args.device]
         if args.llm_base_url:
             cmd += ["--llm_base_url", args.llm_base_url, "--llm_api_key", args.llm_api_key or ""]
         env = {**os.environ, "TMPDIR": str(self.tmp), "PYTHONUNBUFFERED": "1"}
@@ -420,7 +422,8 @@ def run(app: AppProcess, args: argparse.Namespace, seconds: float, warmup: float
     checks = [
         ("RSS", end["rss_mb"] <= base["rss_mb"] + args.rss_growth_mb,
          f"{base['rss_mb']:.1f} -> {end['rss_mb']:.1f} MB (allowed +{args.rss_growth_mb:g})"),
-        ("open fds", end["fds"] <= base["fds"] + args.fd_growth, f"{base['fds']} -> {end['fds']} (allowed +{args.fd_growth})"),
+        ("open fds", end["fds"] <= base["fds"] + args.fd_growth,
+         f"{base['fds']} -> {end['fds']} (allowed +{args.fd_growth})"),
         ("temp files", end["tmp_mb"] <= max(base["tmp_mb"], 2 * args.results_max_mb) + slack,
          f"{base['tmp_mb']:.2f} -> {end['tmp_mb']:.2f} MB ({base['tmp_files']} -> {end['tmp_files']} files; "
          f"bound 2 x {args.results_max_mb:g} + {slack:g} MB)"),

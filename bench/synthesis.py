@@ -1,7 +1,8 @@
 """Benchmark the in-process pipeline (embedded LM) with fixed token counts; prints the figures the official
 pipeline was measured with (ENVIRONMENT.md), so the two can be compared.
 
-    python bench/synthesis.py [--model_dir DIR] [--tokens 100] [--repeats 3] [--threads 2]
+    python bench/synthesis.py [--model_dir DIR] [--tokens 100] [--repeats 3] [--threads 2] [--concurrency 2,4]
+                              [--device cuda --dtype bfloat16 --no_tf32]
 
 Without --model_dir a full-size random model is built once into .cache/full-random (about 2.6 GB).
 Random weights make random tokens, so the LM is told to produce exactly --tokens tokens (stop tokens
@@ -21,6 +22,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from devices import add_device_args, check_device_args, peak_gpu, sync  # noqa: E402
 
 from cosy.lm.fixed_length import FixedLengthLM  # noqa: E402,F401  (bench/frontend.py imports it from here)
 from cosy.pipeline.engine import Engine, SynthesisRequest  # noqa: E402
@@ -66,6 +70,7 @@ def stages(engine: Engine, n: int) -> dict[str, float]:
     t2 = time.perf_counter()
     mel = engine.t2w.mel(torch.tensor([tokens], dtype=torch.int32),
                          FlowPrompt(feats.speech_tokens, feats.mel, feats.embedding))
+    sync(mel.device)
     t3 = time.perf_counter()
     engine.t2w.vocode(mel, seed=0)
     t4 = time.perf_counter()
@@ -95,7 +100,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--concurrency", default="2,4")
+    add_device_args(ap)
     args = ap.parse_args()
+    check_device_args(ap, args)
     torch.set_num_threads(args.threads)
     model_dir = args.model_dir
     if model_dir is None:
@@ -104,9 +111,10 @@ def main() -> None:
             print(f"building the full-size random model in {model_dir} ...", flush=True)
             write_random_model(model_dir, "full", seed=0)
     t = time.perf_counter()
-    engine = Engine.from_model_dir(model_dir)
+    engine = Engine.from_model_dir(model_dir, device=args.device, dtype=args.dtype, tf32=args.tf32)
     engine.lm = FixedLengthLM(engine.lm, args.tokens)
-    print(f"model {model_dir} loaded in {time.perf_counter() - t:.1f} s; {args.tokens} tokens "
+    print(f"model {model_dir} loaded in {time.perf_counter() - t:.1f} s on {args.device} ({args.dtype}"
+          f"{', TF32' if args.tf32 and args.device.startswith('cuda') else ''}); {args.tokens} tokens "
           f"= {args.tokens / 25:.1f} s of audio; threads {args.threads}; medians of {args.repeats}")
     voice = engine.prompt_features(PROMPT_WAV)
     run_once(engine, request(engine, "zero_shot", False, voice))  # warm-up
@@ -126,6 +134,8 @@ def main() -> None:
     for n in (int(c) for c in args.concurrency.split(",") if c):
         print(f"{n} concurrent zero_shot: {concurrent(engine, n, voice):.3f} audio s per wall s", flush=True)
     print(f"peak memory (RSS): {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GB")
+    if peak_gpu(args.device):
+        print(peak_gpu(args.device))
 
 
 if __name__ == "__main__":

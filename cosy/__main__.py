@@ -3,7 +3,7 @@
     python -m cosy --model_dir DIR --mode zero_shot|cross_lingual|instruct|voice|vc --text T
         [--prompt_text T --prompt_wav F --instruct_text T --voice_id ID --source_wav F]
         [--stream] [--speed S] [--seed N] [--save_voice ID] [--data_dir D]
-        [--llm_base_url URL[,URL...] --llm_api_key KEY] --out out.wav
+        [--llm_base_url URL[,URL...] --llm_api_key KEY] [--device cuda --dtype bfloat16] --out out.wav
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import soundfile as sf
 
 from cosy.deploy.voices import VoiceStore
 from cosy.errors import CosyError
+from cosy.model.precision import DTYPES, resolve_dtype
 from cosy.pipeline.engine import Engine
 from cosy.pipeline.request import MODES, SPEED_RANGE, SynthesisError, SynthesisRequest
 
@@ -45,17 +46,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="the backend's API key (default: $COSY_LLM_API_KEY)")
     p.add_argument("--llm_variant", default=None,
                    help="LM checkpoint: default (llm.pt) or rl (CosyVoice3: llm.rl.pt, RL-tuned)")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
+    p.add_argument("--dtype", choices=DTYPES, default="float32",
+                   help="the LM's and flow estimator's dtype; the ODE, the flow encoder and HiFT stay float32 "
+                        "(default float32; float16 needs CUDA; see README 'Precision')")
+    p.add_argument("--no_tf32", dest="tf32", action="store_false",
+                   help="strict float32 on CUDA (default: TF32 matmuls and convolutions; see README 'Precision')")
     p.add_argument("--out", required=True, help="output wav file (24 kHz, 16-bit)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    try:
+        resolve_dtype(args.dtype, args.device)
+    except (ValueError, RuntimeError) as e:  # a dtype the device cannot run, or a malformed device
+        p.error(str(e))
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        engine = Engine.from_model_dir(args.model_dir, device=args.device, ttsfrd_dir=args.ttsfrd_dir,
-                                       llm_base_url=args.llm_base_url, llm_api_key=args.llm_api_key,
-                                       llm_variant=args.llm_variant)
+        engine = Engine.from_model_dir(args.model_dir, device=args.device, dtype=args.dtype, tf32=args.tf32,
+                                       ttsfrd_dir=args.ttsfrd_dir, llm_base_url=args.llm_base_url,
+                                       llm_api_key=args.llm_api_key, llm_variant=args.llm_variant)
         voices = VoiceStore(Path(args.data_dir) / "voices")
         voice = voices.load(args.voice_id) if args.mode == "voice" and args.voice_id else None
         req = SynthesisRequest(mode=args.mode, text=args.text, prompt_text=args.prompt_text,
@@ -83,8 +94,15 @@ def main(argv: list[str] | None = None) -> int:
     took = time.perf_counter() - start
     audio_s = samples / engine.sample_rate
     print(f"wrote {args.out}: {audio_s:.2f} s of audio in {took:.2f} s (first chunk {first or 0:.2f} s, "
-          f"RTF {took / max(audio_s, 1e-9):.2f})", file=sys.stderr)
+          f"RTF {took / max(audio_s, 1e-9):.2f}{_peak_gpu(args.device)})", file=sys.stderr)
     return 0
+
+
+def _peak_gpu(device: str) -> str:
+    if not device.startswith("cuda"):
+        return ""
+    import torch
+    return f", peak GPU memory {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB"
 
 
 def _chunks(engine: Engine, req: SynthesisRequest):

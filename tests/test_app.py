@@ -4,7 +4,6 @@ Two apps share one data dir (A with 2 workers, B with 1 and room for 1 waiting r
 embedded LM (the default)."""
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 import time
@@ -177,13 +176,6 @@ def test_a_bad_model_dir_stops_the_start_with_a_message(tmp_path):
                           str(tmp_path / "data")], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and "error: " in run.stderr and "no such model directory" in run.stderr
     assert "Traceback" not in run.stderr + run.stdout
-
-
-@pytest.mark.skipif(bool(shutil.which("nvidia-smi")), reason="would start a real MPS daemon")
-def test_enable_mps_without_a_gpu_says_so_and_goes_on(capsys):
-    from cosy.frontend.server import enable_mps
-    enable_mps()
-    assert "--enable_mps: no NVIDIA GPU here; ignored" in capsys.readouterr().out
 
 
 def test_lm_backend(backend, tiny_model_dir, tmp_path):

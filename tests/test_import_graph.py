@@ -108,3 +108,16 @@ def test_no_import_cycles_between_cosy_modules():
 def test_cycle_finder_finds_a_cycle():
     assert find_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
     assert find_cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_cli_and_benchmarks_need_no_gradio_vllm_or_openai():
+    """What bench/gpu_check.sh runs on a bare CUDA image (preinstalled torch + bench/gpu_wheels.txt): the CLI,
+    the random model builder and the in-process benchmarks import none of the frontend's or backend's stacks."""
+    import subprocess
+    import sys
+    code = ("import sys; sys.path.insert(0, 'bench'); import cosy.__main__, cosy.verify.random_model.__main__, "
+            "synthesis, lm_throughput, dtype_diff; "
+            "print(sorted(m for m in ('gradio', 'vllm', 'openai', 'fastapi', 'httpx') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

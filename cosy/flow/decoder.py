@@ -124,11 +124,13 @@ class TransformerBlock(nn.Module):
 
 
 def timestep_embedding(t: Tensor, dim: int, scale: float = 1000.0) -> Tensor:
-    """Sinusoidal embedding of flow time t (B,) -> (B, dim): [sin, cos] of scale*t at geometric frequencies."""
+    """Sinusoidal embedding of flow time t (B,) -> (B, dim) float32: [sin, cos] of scale*t at geometric
+    frequencies. Computed in float32 whatever t's dtype (scale*t reaches 1000: a half t would shift the
+    phases by ~0.1 rad); callers cast the result to the estimator's dtype."""
     half = dim // 2
     freqs = torch.exp(torch.arange(half, device=t.device).float() * -(math.log(10000) / (half - 1)))
-    args = scale * t.unsqueeze(1) * freqs.unsqueeze(0)
-    return torch.cat((args.sin(), args.cos()), dim=-1).to(t.dtype)
+    args = scale * t.float().unsqueeze(1) * freqs.unsqueeze(0)
+    return torch.cat((args.sin(), args.cos()), dim=-1)
 
 
 class TimestepEmbedding(nn.Module):
@@ -179,7 +181,8 @@ class CausalConditionalDecoder(nn.Module):
         """Estimate the flow velocity.
 
         Args:
-            x: (B, 80, T) current sample.  mu: (B, 80, T) encoder output.  t: (B,) flow time in [0, 1].
+            x: (B, 80, T) current sample.  mu: (B, 80, T) encoder output.  t: (B,) flow time in [0, 1]
+            (best float32: the time embedding is computed from it in float32).
             spks: (B, 80) projected speaker embedding.  cond: (B, 80, T) prompt mel (zeros after the prompt).
             streaming: chunk attention (static_chunk_size frames, num_decoding_left_chunks) instead of full.
             lengths: (B,) valid frames per row of a right-padded batch, or None (unpadded).
@@ -187,7 +190,7 @@ class CausalConditionalDecoder(nn.Module):
             (B, out_channels, T)
         """
         cfg = self.cfg
-        t_emb = self.time_mlp(timestep_embedding(t, cfg.in_channels))
+        t_emb = self.time_mlp(timestep_embedding(t, cfg.in_channels).to(x.dtype))
         x = torch.cat([x, mu, spks.unsqueeze(-1).expand(-1, -1, x.size(-1)), cond], dim=1)
         mask = (chunk_mask(x.size(-1), cfg.static_chunk_size, cfg.num_decoding_left_chunks, x.device)
                 if streaming else None)

@@ -38,6 +38,11 @@ class CausalConditionalCFM(nn.Module):
         self.register_buffer("rand_noise", fixed_noise(cfg.noise_seed, estimator_cfg.out_channels, cfg.noise_frames),
                              persistent=False)
 
+    @property
+    def estimator_dtype(self) -> torch.dtype:
+        """The estimator's parameter dtype (`--dtype`); the ODE state and times stay float32."""
+        return next(self.estimator.parameters()).dtype
+
     def time_span(self, device: torch.device, dtype: torch.dtype) -> Tensor:
         """(n_timesteps + 1,) times from 0 to 1."""
         t = torch.linspace(0, 1, self.cfg.n_timesteps + 1, device=device, dtype=dtype)
@@ -74,15 +79,16 @@ class CausalConditionalCFM(nn.Module):
         t_span = self.time_span(mu.device, torch.float32)
         rate = self.cfg.inference_cfg_rate
 
-        # CFG batch: rows [:B] conditioned, rows [B:] with mu, spks and cond zeroed.
-        mu_in = torch.cat([mu, torch.zeros_like(mu)])
-        spks_in = torch.cat([spks, torch.zeros_like(spks)])
-        cond_in = torch.cat([cond, torch.zeros_like(cond)])
+        # CFG batch: rows [:B] conditioned, rows [B:] with mu, spks and cond zeroed; in the estimator's dtype
+        dtype = self.estimator_dtype
+        mu_in = torch.cat([mu, torch.zeros_like(mu)]).to(dtype)
+        spks_in = torch.cat([spks, torch.zeros_like(spks)]).to(dtype)
+        cond_in = torch.cat([cond, torch.zeros_like(cond)]).to(dtype)
 
         # Same accumulation as the official solver: t advances by dt, dt is re-derived from t_span.
         t, dt = t_span[0], t_span[1] - t_span[0]
         for step in range(1, len(t_span)):
-            v = self.estimator(torch.cat([x, x]).to(mu.dtype), mu_in, t.expand(2 * b).to(mu.dtype), spks_in, cond_in,
+            v = self.estimator(torch.cat([x, x]).to(dtype), mu_in, t.expand(2 * b), spks_in, cond_in,
                                streaming, **extra).float()
             v_cond, v_uncond = v[:b], v[b:]
             x = x + dt * ((1.0 + rate) * v_cond - rate * v_uncond)

@@ -97,7 +97,7 @@ class _Run:
 def estimate(dec: CausalConditionalDecoder, run: _Run, x: Tensor, mu: Tensor, t: Tensor, spks: Tensor,
              cond: Tensor) -> Tensor:
     """The estimator's `forward(..., streaming=True)` restricted to the new frames of `run`."""
-    t_emb = dec.time_mlp(timestep_embedding(t, dec.cfg.in_channels))
+    t_emb = dec.time_mlp(timestep_embedding(t, dec.cfg.in_channels).to(x.dtype))
     h = torch.cat([x, mu, spks.unsqueeze(-1).expand(-1, -1, x.size(-1)), cond], dim=1)
     resnet, blocks, down = dec.down_blocks[0]
     skip = run.transformers(run.resnet(resnet, h, t_emb, "d.r"), blocks, "d.t")
@@ -129,18 +129,20 @@ def sample_new(flow: FlowModel, mu: Tensor, spks: Tensor, cond: Tensor, state: F
     if stop > cfm.rand_noise.size(2):
         raise ValueError(f"flow input of {stop} frames exceeds the fixed noise ({cfm.rand_noise.size(2)} frames)")
     mu, cond = mu[:, :, past:stop], cond[:, :, past:stop]
-    x = cfm.rand_noise[:, :, past:stop].to(device=mu.device, dtype=mu.dtype)
-    t_span = cfm.time_span(mu.device, mu.dtype)
+    # the ODE state and times in float32, the estimator's inputs (and so its state) in its dtype
+    dtype = cfm.estimator_dtype
+    x = cfm.rand_noise[:, :, past:stop].to(device=mu.device, dtype=torch.float32)
+    t_span = cfm.time_span(mu.device, torch.float32)
     rate = cfm.cfg.inference_cfg_rate
-    mu_in = torch.cat([mu, torch.zeros_like(mu)])
-    spks_in = torch.cat([spks, torch.zeros_like(spks)])
-    cond_in = torch.cat([cond, torch.zeros_like(cond)])
+    mu_in = torch.cat([mu, torch.zeros_like(mu)]).to(dtype)
+    spks_in = torch.cat([spks, torch.zeros_like(spks)]).to(dtype)
+    cond_in = torch.cat([cond, torch.zeros_like(cond)]).to(dtype)
     steps = []
     t, dt = t_span[0], t_span[1] - t_span[0]
     for step in range(1, len(t_span)):
         run = _Run(state.steps[step - 1] if state is not None else None, past, n, dec.cfg.static_chunk_size,
                    mu.device)
-        v = ESTIMATES[type(dec)](dec, run, torch.cat([x, x]), mu_in, t.expand(2), spks_in, cond_in)
+        v = ESTIMATES[type(dec)](dec, run, torch.cat([x, x]).to(dtype), mu_in, t.expand(2), spks_in, cond_in).float()
         steps.append(run.new)
         x = x + dt * ((1.0 + rate) * v[:1] - rate * v[1:])
         t = t + dt

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -27,6 +25,8 @@ import uvicorn  # noqa: E402
 from fastapi import FastAPI  # noqa: E402
 
 from cosy.frontend.service import FrontendService  # noqa: E402
+from cosy.model.precision import DTYPES, resolve_dtype  # noqa: E402
+from cosy.service.placement import MpsDaemon, worker_devices  # noqa: E402
 from cosy.service.workers import EngineSpec, WorkerPool  # noqa: E402
 
 
@@ -63,7 +63,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="benchmarks only: every request generates exactly N speech tokens (stop tokens "
                         "masked), so random weights cannot skew lengths (default 0: off)")
     p.add_argument("--enable_mps", action="store_true",
-                   help="start or join the CUDA MPS daemon so the workers share the GPU")
+                   help="run the workers under a CUDA MPS daemon of this app's own (started with it, stopped "
+                        "at exit; other CUDA processes such as the LM backend stay outside it)")
     p.add_argument("--api_key", default=os.environ.get("COSY_API_KEY"),
                    help="the key every route but /health and /ready requires: HTTP APIs, gradio API, WebUI "
                         "(default: $COSY_API_KEY; unset = open)")
@@ -71,8 +72,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="read --api_key from this file (trailing newline stripped; keeps it out of ps)")
     p.add_argument("--max_queue", type=int, default=64,
                    help="waiting requests before new ones are refused as busy (default 64)")
-    p.add_argument("--device", choices=("cpu", "cuda"), default=None,
-                   help="where the workers run the models (default cuda if available, else cpu)")
+    p.add_argument("--device", default=None,
+                   help="where the workers run the models: cpu, cuda (every visible GPU, workers round-robin), "
+                        "cuda:N, or a list cuda:0,cuda:1 (default cuda if available, else cpu)")
+    p.add_argument("--dtype", choices=DTYPES, default="float32",
+                   help="the LM's and flow estimator's dtype; the ODE, the flow encoder and HiFT stay float32 "
+                        "(default float32; float16 needs CUDA; see README 'Precision')")
+    p.add_argument("--no_tf32", dest="tf32", action="store_false",
+                   help="strict float32 on CUDA (default: TF32 matmuls and convolutions; see README 'Precision')")
     from cosy.lm.remote import DEFAULT_STALL_TIMEOUT
     p.add_argument("--llm_stall_timeout", type=float, default=DEFAULT_STALL_TIMEOUT,
                    help="seconds an LM backend may go without sending a token before the request moves to "
@@ -85,8 +92,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--results_max_age", type=float, default=res.max_age,
                    help=f"seconds a result file (and gradio's temp files) are kept (default {res.max_age:g})")
     p.add_argument("--results_max_mb", type=float, default=res.max_bytes / 2**20,
-                   help=f"total size of the result files and of gradio's temp files each (default {res.max_bytes >> 20})")
+                   help="total size of the result files and of gradio's temp files each "
+                        f"(default {res.max_bytes >> 20})")
     args = p.parse_args(argv)
+    try:
+        args.device = ",".join(worker_devices(args.device or default_device(), visible_gpus()))
+        for d in set(args.device.split(",")):
+            resolve_dtype(args.dtype, d)
+    except ValueError as e:
+        p.error(str(e))
     if args.workers < 1 or args.max_queue < 0 or (args.max_batch is not None and args.max_batch < 1):
         p.error("--workers and --max_batch must be >= 1 and --max_queue >= 0")
     if args.fixed_tokens < 0:
@@ -111,64 +125,44 @@ def say(msg: str) -> None:
     print(f"[cosy] {msg}", file=sys.stderr, flush=True)
 
 
-def enable_mps() -> None:
-    """Start the CUDA MPS control daemon unless it runs already; without an NVIDIA GPU, say so and go on."""
-    def run(*cmd: str, stdin: str | None = None) -> subprocess.CompletedProcess | None:
-        try:
-            return subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=30)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-
-    smi = run("nvidia-smi", "-L") if shutil.which("nvidia-smi") else None
-    if smi is None or smi.returncode != 0 or "GPU" not in smi.stdout:
-        print("--enable_mps: no NVIDIA GPU here; ignored", flush=True)
-        return
-    if not shutil.which("nvidia-cuda-mps-control"):
-        print("--enable_mps: nvidia-cuda-mps-control not found (install the CUDA MPS tools); ignored", flush=True)
-        return
-    query = run("nvidia-cuda-mps-control", stdin="get_server_list\n")  # succeeds only with a daemon up
-    if query is not None and query.returncode == 0:
-        say("CUDA MPS daemon already running; the workers join it")
-        return
-    started = run("nvidia-cuda-mps-control", "-d")
-    if started is None or started.returncode != 0:
-        why = (started.stderr or started.stdout).strip() if started else "did not run"
-        print(f"--enable_mps: could not start the MPS daemon ({why}); continuing without it", flush=True)
-    else:
-        say("started the CUDA MPS daemon (stop it with: echo quit | nvidia-cuda-mps-control)")
-
-
 def default_device() -> str:
     import torch
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def visible_gpus() -> int:
+    import torch
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def max_batch(args: argparse.Namespace, device: str) -> int:
     mb = getattr(args, "max_batch", None)
-    return mb if mb is not None else (16 if device == "cuda" else 8)
+    return mb if mb is not None else (16 if device.startswith("cuda") else 8)
 
 
 def speech_cache_mb(args: argparse.Namespace, device: str) -> int:
     mb = getattr(args, "speech_cache_mb", None)
-    return mb if mb is not None else (8192 if device == "cuda" else 2048)
+    return mb if mb is not None else (8192 if device.startswith("cuda") else 2048)
 
 
-def build_service(args: argparse.Namespace) -> FrontendService:
-    """Resolve the model (downloading it once if it is a hub id), open the data dir, start the workers."""
+def build_service(args: argparse.Namespace, env: dict[str, str] | None = None) -> FrontendService:
+    """Resolve the model (downloading it once if it is a hub id), open the data dir, start the workers
+    (`env`: set in each worker, e.g. the MPS daemon's pipe dir)."""
     from cosy.deploy.data_dir import DataDir
     from cosy.deploy.models import resolve_model_dir, resolve_ttsfrd_dir
 
     data = DataDir(args.data_dir, upload_bounds=store.Bounds.of(args.uploads_max_age, args.uploads_max_mb))
     model_dir = resolve_model_dir(args.model_dir, data.models_root)
     ttsfrd = resolve_ttsfrd_dir(args.ttsfrd_dir, data.models_root)
-    device = args.device or default_device()
+    device = ",".join(worker_devices(args.device or default_device(), visible_gpus()))
     lm = f"LM backends {args.llm_base_url}" if args.llm_base_url else "embedded LM"
-    say(f"starting {args.workers} worker(s) on {device}: {model_dir}, {lm}")
-    spec = EngineSpec(str(model_dir), device=device, ttsfrd_dir=str(ttsfrd) if ttsfrd else None,
+    say(f"starting {args.workers} worker(s) on {device} ({getattr(args, 'dtype', 'float32')}): {model_dir}, {lm}")
+    spec = EngineSpec(str(model_dir), device=device, dtype=getattr(args, "dtype", "float32"),
+                      tf32=getattr(args, "tf32", True), ttsfrd_dir=str(ttsfrd) if ttsfrd else None,
                       llm_base_url=args.llm_base_url, llm_api_key=args.llm_api_key,
                       llm_stall_timeout=args.llm_stall_timeout, max_batch=max_batch(args, device),
                       cache_mb=speech_cache_mb(args, device), fixed_tokens=args.fixed_tokens,
-                      llm_variant=getattr(args, "llm_variant", None))
+                      llm_variant=getattr(args, "llm_variant", None), env=dict(env or {}))
     pool = WorkerPool(spec, workers=args.workers, max_queue=args.max_queue).start()
     return FrontendService(pool, data)
 
@@ -277,14 +271,15 @@ class _Server(uvicorn.Server):
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
-    if args.enable_mps:
-        enable_mps()  # before any worker touches CUDA
+    mps = MpsDaemon(store.TEMP_ROOT / "mps") if args.enable_mps else None
     from cosy.frontend import gradio_api
     gradio_api.RESULT_BOUNDS = store.Bounds.of(args.results_max_age, args.results_max_mb)
     service = None
     try:
         try:
-            service = build_service(args)
+            # the daemon before any worker touches CUDA; only the workers get its pipe dir
+            env = mps.env if mps is not None and mps.start() else {}
+            service = build_service(args, env)
         except (RuntimeError, ValueError, OSError) as e:  # ModelDirError is a ValueError
             print(f"error: {e}", file=sys.stderr, flush=True)
             raise SystemExit(2) from None
@@ -313,5 +308,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         if service is not None:
             service.pool.close()
+        if mps is not None:
+            mps.stop()  # after the workers (its clients) are gone
         store.remove_temp_root()
         say("stopped")

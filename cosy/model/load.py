@@ -19,14 +19,19 @@ def as_model_dir(model_dir: str | Path | ModelDir) -> ModelDir:
 
 def load_flow(model_dir: str | Path | ModelDir, device: str | torch.device = "cpu",
               dtype: torch.dtype = torch.float32) -> nn.Module:
-    """flow.pt -> the family's flow model (CosyVoice2: FlowModel) in eval mode (speech tokens + prompt -> mel)."""
+    """flow.pt -> the family's flow model (CosyVoice2: FlowModel) in eval mode (speech tokens + prompt -> mel).
+
+    `dtype` is the velocity estimator's (the U-Net the ODE runs 2 x n_timesteps times); the embedding, the
+    encoder and the CFM's fixed noise stay float32 (`cosy.model.precision`)."""
     md = as_model_dir(model_dir)
     family, name = md.family, md.family.files.flow
     with torch.device("meta"):  # no random init: every parameter comes from flow.pt
         flow = import_object(family.flow)(md.config.flow, import_object(family.flow_estimator))
     # the file's (memory-mapped) tensors become the parameters; .to() copies only when it must
     load_strict(flow, md.state_dict(name), md.file(name), assign=True, yaml=family.files.yaml)
-    return flow.to(device=device, dtype=dtype).eval()
+    flow = flow.to(device=device, dtype=torch.float32)
+    flow.decoder.estimator.to(dtype=dtype)
+    return flow.eval()
 
 
 def load_hift(model_dir: str | Path | ModelDir, device: str | torch.device = "cpu") -> nn.Module:

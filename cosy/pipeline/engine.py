@@ -23,13 +23,13 @@ from torch import Tensor
 
 from cosy.audio.io import load_prompt_wav
 from cosy.lm.export import llm_fingerprint, served_model_name
-from cosy.lm.pool import connect
 from cosy.lm.prompt import PromptEmbedder
 from cosy.lm.sampling import SamplingParams
 from cosy.lm.silence import drop_long_silence
 from cosy.model.families.cosyvoice2 import FAMILY as COSYVOICE2
 from cosy.model.family import ModelFamily, import_object
 from cosy.model.files import ModelDir
+from cosy.model.precision import resolve_dtype, set_tf32
 from cosy.pipeline.lm_input import lm_input
 from cosy.pipeline.request import SynthesisError, SynthesisRequest
 from cosy.pipeline.token2wav import FlowPrompt, Token2Wav, load_token2wav
@@ -61,18 +61,29 @@ class Engine:
         self.speech_runner = None
 
     @classmethod
-    def from_model_dir(cls, model_dir: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32,
+    def from_model_dir(cls, model_dir: str | Path, device: str = "cpu", dtype: torch.dtype | str = torch.float32,
                        ttsfrd_dir: str | Path | None = None, llm_base_url: str | None = None,
-                       llm_api_key: str | None = None, cache_mb: int = 0, llm_variant: str | None = None) -> "Engine":
+                       llm_api_key: str | None = None, cache_mb: int = 0, tf32: bool = True,
+                       llm_variant: str | None = None) -> "Engine":
         """Everything from one model directory. With `llm_base_url` (comma-separated backends) the LM runs
         remotely and only its embedding tables are loaded here; the backends are checked now (reachable,
         key accepted, serving this llm.pt). `cache_mb`: streaming flow state budget (`load_token2wav`).
-        `llm_variant`: another LM checkpoint of the family (CosyVoice3 "rl": llm.rl.pt), embedded or served."""
+        `llm_variant`: another LM checkpoint of the family (CosyVoice3 "rl": llm.rl.pt), embedded or served.
+
+        `dtype` (or its name, `--dtype`): the embedded LM's and the flow estimator's; the rest stays float32
+        (`cosy.model.precision`, which also says where it is allowed: ValueError otherwise). `tf32`: on a
+        CUDA device, TF32 matmuls and convolutions for this process (False: strict float32)."""
+        if isinstance(dtype, str):
+            dtype = resolve_dtype(dtype, device)
+        else:
+            resolve_dtype(str(dtype).removeprefix("torch."), device)
+        set_tf32(device, tf32)
         md = ModelDir(model_dir)
         family = md.family
         text = TextFrontend(TextTokenizer.from_dir(md.file(family.files.qwen_dir),
                                                    import_object(family.text_specials)), ttsfrd_dir)
         if llm_base_url:
+            from cosy.lm.pool import connect  # the backend client (openai, httpx): only when there are backends
             lm: SpeechTokenLM = connect(llm_base_url, llm_api_key,
                                         served_model_name(llm_fingerprint(md.path, variant=llm_variant), family),
                                         md.config.sampling, family=family)
@@ -80,7 +91,9 @@ class Engine:
         else:
             lm = import_object(family.lm).from_model_dir(md, device=device, dtype=dtype, variant=llm_variant)
             prompt_embeds = lm.prompt_embeds
-        return cls(text, VoicePromptEncoder(md), lm, load_token2wav(md, device, dtype, cache_mb), prompt_embeds, family)
+        gpu = torch.device(device).index or 0  # the speech tokenizer's GPU, if onnxruntime has CUDA
+        return cls(text, VoicePromptEncoder(md, gpu=gpu), lm, load_token2wav(md, device, dtype, cache_mb),
+                   prompt_embeds, family)
 
     @property
     def sample_rate(self) -> int:

@@ -57,14 +57,16 @@ class VoicePromptEncoder:
 
     family: the model family (default: detected from the directory's yaml; pass it for a directory that
     holds only the ONNX files). threads: intra-op threads of each ONNX session (default: half the cores, 1 to 4).
+    gpu: the CUDA device index the speech tokenizer uses when onnxruntime has CUDA (the worker's GPU).
     """
 
     def __init__(self, model_dir: str | Path | ModelDir, threads: int | None = None,
-                 family: ModelFamily | None = None):
+                 family: ModelFamily | None = None, gpu: int = 0):
         md = model_dir if isinstance(model_dir, ModelDir) else ModelDir(model_dir, family)
         self.model_dir, self.family = md.path, md.family
         files = self.family.files
-        self.tokenizer = SpeechTokenizer(self.model_dir / files.speech_tokenizer, self.family.tokens.size, threads)
+        self.tokenizer = SpeechTokenizer(self.model_dir / files.speech_tokenizer, self.family.tokens.size, threads,
+                                         gpu=gpu)
         self.embedder = SpeakerEmbedder(self.model_dir / files.campplus, threads)
 
     def speech_tokens(self, wav16k: torch.Tensor) -> torch.Tensor:

@@ -33,7 +33,8 @@ def default_threads() -> int:
     return max(1, min(4, (os.cpu_count() or 2) // 2))
 
 
-def _session(path: Path, threads: int, providers: list[str]) -> ort.InferenceSession:
+def _session(path: Path, threads: int, providers: list[str], gpu: int = 0) -> ort.InferenceSession:
+    """An ORT session on the first of `providers` this build has; CUDA on device index `gpu`."""
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     opts.intra_op_num_threads = threads
@@ -48,7 +49,7 @@ def _session(path: Path, threads: int, providers: list[str]) -> ort.InferenceSes
                     "(install onnxruntime-gpu instead of onnxruntime: requirements/frontend-gpu.txt)", path.name)
     if not path.is_file():
         raise ModelDirError(f"{path} is missing: the model directory needs it")
-    with_options = [(p, CUDA_OPTIONS) if p == "CUDAExecutionProvider" else p for p in chosen]
+    with_options = [(p, {**CUDA_OPTIONS, "device_id": gpu}) if p == "CUDAExecutionProvider" else p for p in chosen]
     try:
         session = ort.InferenceSession(str(path), sess_options=opts, providers=with_options)
     except Exception as e:  # InvalidProtobuf, truncated file, unsupported op ...
@@ -64,13 +65,14 @@ def _session(path: Path, threads: int, providers: list[str]) -> ort.InferenceSes
 class SpeechTokenizer:
     """speech_tokenizer_v2.onnx (v3 alike): Whisper log-mel (1, 128, F) -> speech tokens (1, ceil(F / 4)) int32.
 
-    classes: the number of speech tokens it may emit (the family's `tokens.size`, 6561).
+    classes: the number of speech tokens it may emit (the family's `tokens.size`, 6561). gpu: the CUDA device
+    index when onnxruntime has CUDA (a worker on cuda:1 keeps its tokenizer there too).
     """
 
-    def __init__(self, path: str | Path, classes: int, threads: int | None = None):
+    def __init__(self, path: str | Path, classes: int, threads: int | None = None, gpu: int = 0):
         self.path, self.classes = Path(path), classes
         self.session = _session(self.path, threads or default_threads(),
-                                ["CUDAExecutionProvider", "CPUExecutionProvider"])
+                                ["CUDAExecutionProvider", "CPUExecutionProvider"], gpu)
         inputs = self.session.get_inputs()
         if len(inputs) != 2:
             raise ModelDirError(f"{self.path} does not look like a speech tokenizer: it takes {len(inputs)} "

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cosy.errors import Cancelled, JobError
 from cosy.pipeline.request import SynthesisRequest
@@ -23,7 +23,9 @@ class EngineSpec:
     """How a worker builds its Engine (picklable: it crosses into the worker process)."""
 
     model_dir: str
-    device: str = "cpu"
+    device: str = "cpu"  # this worker's ("cuda:1"); the pool's spec may list several (`cosy.service.placement`)
+    dtype: str = "float32"  # the LM's and flow estimator's (`cosy.model.precision`)
+    tf32: bool = True  # TF32 on CUDA (False: strict float32)
     ttsfrd_dir: str | None = None
     llm_base_url: str | None = None
     llm_api_key: str | None = None
@@ -33,6 +35,7 @@ class EngineSpec:
     cache_mb: int = 0  # streaming flow state budget (cosy.speech.cache); 0 recomputes every prefix
     fixed_tokens: int = 0  # benchmarks only: every request generates exactly this many speech tokens
     llm_variant: str | None = None  # another LM checkpoint of the family (CosyVoice3 "rl": llm.rl.pt)
+    env: dict[str, str] = field(default_factory=dict)  # set in the worker before CUDA starts (MPS pipe dir)
 
 
 INTERRUPT = getattr(signal, "SIGUSR1", None)  # the dispatcher's "stop computing now" (POSIX)
@@ -124,6 +127,7 @@ def worker_main(spec: EngineSpec, conn, cancel=None, health=None, prepare=None) 
     `cancel`: an event the dispatcher sets when the running job's caller went away (max_batch 1); `health`:
     the shared dead-until table of the LM backends (the parent's /ready reads and writes it too). The
     worker ignores SIGINT (Ctrl-C is the parent's to handle) and ends quietly when its pipe closes."""
+    os.environ.update(spec.env)  # before anything starts CUDA in this process
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if INTERRUPT is not None:  # until the engine is built: a stray interrupt must not kill the worker
         signal.signal(INTERRUPT, signal.SIG_IGN)
@@ -140,10 +144,13 @@ def _serve(spec: EngineSpec, conn, cancel, health, prepare) -> None:
     from cosy.pipeline.engine import Engine
 
     torch.set_num_threads(spec.threads or max(1, (os.cpu_count() or 1)))
+    if spec.device.startswith("cuda:"):  # this worker's GPU is the current one (cuDNN handles, bare "cuda")
+        torch.cuda.set_device(spec.device)
     try:
-        engine = Engine.from_model_dir(spec.model_dir, device=spec.device, ttsfrd_dir=spec.ttsfrd_dir,
-                                       llm_base_url=spec.llm_base_url, llm_api_key=spec.llm_api_key,
-                                       cache_mb=spec.cache_mb, llm_variant=spec.llm_variant)
+        engine = Engine.from_model_dir(spec.model_dir, device=spec.device, dtype=spec.dtype,
+                                       ttsfrd_dir=spec.ttsfrd_dir, llm_base_url=spec.llm_base_url,
+                                       llm_api_key=spec.llm_api_key, cache_mb=spec.cache_mb, tf32=spec.tf32,
+                                       llm_variant=spec.llm_variant)
     except Exception as e:  # reported to the parent, which refuses to start
         conn.send(("failed", f"{type(e).__name__}: {e}"))
         return

@@ -29,6 +29,7 @@ import numpy as np
 from cosy.errors import Busy, Cancelled, JobError
 from cosy.pipeline.request import SynthesisRequest
 from cosy.prompt.encoder import PromptFeatures
+from cosy.service.placement import device_of_worker
 from cosy.service.process import INTERRUPT, EngineSpec, worker_main
 
 log = logging.getLogger(__name__)
@@ -80,20 +81,24 @@ class WorkerPool:
         """Start every worker and wait until each has loaded its models; RuntimeError if one fails."""
         ctx = self._ctx
         conns = []
-        for _ in range(self.n_workers):
-            conns.append(self._spawn(ctx))
+        for i in range(self.n_workers):
+            conns.append(self._spawn(ctx, i))
         for i, (conn, cancel) in enumerate(conns):
             t = threading.Thread(target=self._dispatch, args=(i, conn, cancel, ctx), daemon=True, name=f"worker-{i}")
             self._threads.append(t)
             t.start()
         return self
 
-    def _spawn(self, ctx):
+    def worker_spec(self, index: int) -> EngineSpec:
+        """Worker `index`'s spec: its device from the pool's list (round-robin), its share of the cores."""
+        spec = self.spec
+        threads = spec.threads or max(1, (os.cpu_count() or 1) // self.n_workers)  # share the cores
+        return EngineSpec(**{**vars(spec), "threads": threads, "device": device_of_worker(spec.device, index)})
+
+    def _spawn(self, ctx, index: int):
         parent, child = ctx.Pipe()
         cancel = ctx.Event()
-        spec = self.spec
-        if spec.threads is None:  # share the cores between the workers
-            spec = EngineSpec(**{**vars(spec), "threads": max(1, (os.cpu_count() or 1) // self.n_workers)})
+        spec = self.worker_spec(index)
         proc = ctx.Process(target=worker_main, args=(spec, child, cancel, self.backend_health, self.worker_prepare),
                            daemon=True)
         proc.start()
@@ -164,7 +169,7 @@ class WorkerPool:
                     return
                 log.error("worker %d died; restarting it", index)
                 try:
-                    conn, cancel = self._spawn(ctx)
+                    conn, cancel = self._spawn(ctx, index)
                 except RuntimeError:
                     log.exception("worker %d could not be restarted", index)
                     return
