@@ -68,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
                                        ttsfrd_dir=args.ttsfrd_dir, llm_base_url=args.llm_base_url,
                                        llm_api_key=args.llm_api_key, llm_variant=args.llm_variant)
         voices = VoiceStore(Path(args.data_dir) / "voices")
-        voice = voices.load(args.voice_id) if args.mode == "voice" and args.voice_id else None
+        use_voice = args.mode == "voice" and args.voice_id
+        voice = voices.load(args.voice_id, family=engine.family.name) if use_voice else None
         req = SynthesisRequest(mode=args.mode, text=args.text, prompt_text=args.prompt_text,
                                prompt_wav=args.prompt_wav, instruct_text=args.instruct_text,
                                voice=voice.features if voice else None, source_wav=args.source_wav,
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
             if not args.prompt_wav:
                 raise SynthesisError("--save_voice needs --prompt_wav and --prompt_text")
             req.voice = engine.prompt_features(args.prompt_wav)
-            voices.save(args.save_voice, args.prompt_text, req.voice)
+            voices.save(args.save_voice, args.prompt_text, req.voice, family=engine.family.name)
             print(f"saved voice '{args.save_voice}'", file=sys.stderr)
         start, first, samples = time.perf_counter(), None, 0
         with sf.SoundFile(args.out, "w", samplerate=engine.sample_rate, channels=1, subtype="PCM_16") as out:

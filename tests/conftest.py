@@ -38,6 +38,13 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_cv3_model_dir(tmp_path_factory) -> Path:
+    """A tiny random CosyVoice3 directory from our builder (`python -m cosy.random_model --family cosyvoice3`)."""
+    from cosy.verify.random_model import write_random_model
+    return write_random_model(tmp_path_factory.mktemp("tiny_cv3"), "tiny", seed=2, family="cosyvoice3")
+
+
+@pytest.fixture(scope="session")
 def full_model_dir(tmp_path_factory) -> Path:
     from cosy.verify.random_model import write_random_model
     return write_random_model(tmp_path_factory.mktemp("full"), "full", seed=0)
@@ -50,6 +57,19 @@ def backend(tiny_model_dir, tmp_path_factory):
     from servers import Backend
     tmp = tmp_path_factory.mktemp("backend")
     b = Backend(tiny_model_dir, tmp / "cache", tmp / "backend.log")
+    try:
+        b.start()
+        yield b
+    finally:
+        b.stop()
+
+
+@pytest.fixture(scope="session")
+def cv3_backend(tiny_cv3_model_dir, tmp_path_factory):
+    """One real vLLM backend on the tiny CosyVoice3 model for the whole session (as `backend`)."""
+    from servers import Backend
+    tmp = tmp_path_factory.mktemp("cv3_backend")
+    b = Backend(tiny_cv3_model_dir, tmp / "cache", tmp / "backend.log")
     try:
         b.start()
         yield b

@@ -9,7 +9,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 from safetensors import safe_open
-from servers import Backend
 from test_backend_server import ALPHA, _chi_square_p, _draw_many, _ras_body, encode_embeds
 
 from cosy.lm import SamplingParams, SpeechLM, ras_distribution
@@ -22,9 +21,8 @@ TEXT, PROMPT_TEXT, PROMPT_SPEECH = [101, 202, 303, 404, 151646], [7, 8], [11, 12
 
 
 @pytest.fixture(scope="module")
-def cv3_dir(tmp_path_factory):
-    from cosy.verify.random_model import write_random_model
-    return write_random_model(tmp_path_factory.mktemp("cv3"), "tiny", seed=2, family="cosyvoice3")
+def cv3_dir(tiny_cv3_model_dir):
+    return tiny_cv3_model_dir  # the session's model (conftest), so `cv3_backend` starts vLLM once per session
 
 
 @pytest.fixture(scope="module")
@@ -77,17 +75,6 @@ def test_processor_masks_sos_not_eos_below_min_len():
     assert want[6561] == 0 and want[6562] > 0.5
     torch.testing.assert_close(y[1].double().softmax(0), want, atol=1e-6, rtol=0)
     assert bool((y[2, 6561:] == float("-inf")).all()) and torch.equal(y[2, :6561], logits[2, :6561])
-
-
-@pytest.fixture(scope="module")
-def cv3_backend(cv3_dir, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("cv3_backend")
-    b = Backend(cv3_dir, tmp / "cache", tmp / "backend.log")
-    try:
-        b.start()
-        yield b
-    finally:
-        b.stop()
 
 
 def test_greedy_through_the_client_matches_embedded_lm(cv3_backend, cv3_lm):

@@ -37,3 +37,25 @@ def test_damaged_and_unknown_voices_are_clear_errors(tmp_path):
         store.load("nope")
     store.delete("v2")
     assert store.list() == []
+
+
+def test_a_voice_serves_only_its_own_model_family(tmp_path):
+    """Features are the saving model's (speech tokenizer, flow): a CosyVoice2 voice on a CosyVoice3 model is a
+    clear error; voices written before the family was recorded count as CosyVoice2's."""
+    store = VoiceStore(tmp_path)
+    store.save("v3", "你好。", features(), family="cosyvoice3")
+    assert store.load("v3", family="cosyvoice3").family == "cosyvoice3"
+    with pytest.raises(VoiceError, match="voice 'v3' was saved with a cosyvoice3 model and this model is "
+                                         "cosyvoice2: .* save the voice again with this model"):
+        store.load("v3", family="cosyvoice2")
+    from safetensors.torch import save_file  # a voice as stores before the family field wrote it
+    old = tmp_path / "old"
+    old.mkdir()
+    f = features()
+    save_file({"speech_tokens": f.speech_tokens, "mel": f.mel, "embedding": f.embedding},
+              str(old / "features.safetensors"), metadata={"voice_id": "old", "prompt_text": "x", "created_at": "1"})
+    (old / "voice.json").write_text('{"voice_id": "old", "prompt_text": "x", "created_at": 1}')
+    assert store.load("old", family="cosyvoice2").family == "cosyvoice2"
+    with pytest.raises(VoiceError, match="saved with a cosyvoice2 model and this model is cosyvoice3"):
+        store.load("old", family="cosyvoice3")
+    assert {v["voice_id"]: v["family"] for v in store.list()} == {"v3": "cosyvoice3", "old": "cosyvoice2"}

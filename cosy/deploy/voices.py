@@ -1,8 +1,10 @@
 """Saved voices: a voice prompt's features computed once and stored, so later requests skip the ONNX models.
 
 Layout under the store's directory: `<voice_id>/features.safetensors` (speech tokens, mel, embedding) and
-`<voice_id>/voice.json` (prompt text, creation time, for listing; the features file carries them too, so
-one file read gives a consistent voice). A voice directory is written under a temporary name, synced and
+`<voice_id>/voice.json` (prompt text, creation time, model family, for listing; the features file carries
+them too, so one file read gives a consistent voice). Features belong to the family whose model computed them
+(its speech tokenizer and flow), so a voice records its family and loading it for another family is an error;
+voices saved before the field existed are CosyVoice2's. A voice directory is written under a temporary name, synced and
 renamed into place, so readers (other frontends on the same NAS) never see a partial voice.
 """
 from __future__ import annotations
@@ -24,6 +26,7 @@ from cosy.errors import BadRequest, Conflict, NotFound
 from cosy.prompt.encoder import PromptFeatures
 
 VOICE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+LEGACY_FAMILY = "cosyvoice2"  # the family of voices saved without one (before CosyVoice3 was served)
 
 
 class VoiceError(BadRequest):
@@ -44,6 +47,7 @@ class Voice:
     prompt_text: str
     features: PromptFeatures
     created_at: float
+    family: str = LEGACY_FAMILY  # the model family (`ModelFamily.name`) that computed `features`
 
 
 def check_voice_id(voice_id: str) -> str:
@@ -65,13 +69,16 @@ class VoiceStore:
     def _dir(self, voice_id: str) -> Path:
         return self.root / check_voice_id(voice_id)
 
-    def save(self, voice_id: str, prompt_text: str, features: PromptFeatures, overwrite: bool = False) -> Voice:
-        """Store a voice atomically. Raises VoiceError if it exists and `overwrite` is False."""
+    def save(self, voice_id: str, prompt_text: str, features: PromptFeatures, overwrite: bool = False,
+             family: str = LEGACY_FAMILY) -> Voice:
+        """Store a voice atomically (`family`: the name of the model family that computed `features`).
+        Raises VoiceError if it exists and `overwrite` is False."""
         final = self._dir(voice_id)
-        voice = Voice(voice_id, prompt_text, features, time.time())
+        voice = Voice(voice_id, prompt_text, features, time.time(), family)
         tmp = Path(tempfile.mkdtemp(prefix=f".{voice_id}.", dir=self.root))
         try:
-            meta = {"voice_id": voice_id, "prompt_text": prompt_text, "created_at": voice.created_at}
+            meta = {"voice_id": voice_id, "prompt_text": prompt_text, "created_at": voice.created_at,
+                    "family": family}
             save_file({"speech_tokens": features.speech_tokens.contiguous(), "mel": features.mel.contiguous(),
                        "embedding": features.embedding.contiguous()}, str(tmp / "features.safetensors"),
                       metadata={k: str(v) for k, v in meta.items()})
@@ -95,16 +102,22 @@ class VoiceStore:
             shutil.rmtree(tmp, ignore_errors=True)
         return voice
 
-    def load(self, voice_id: str) -> Voice:
+    def load(self, voice_id: str, family: str | None = None) -> Voice:
+        """The voice; with `family`, VoiceError unless it was saved by a model of that family."""
         d = self._dir(voice_id)
         try:
-            return self._read(voice_id, d)
+            voice = self._read(voice_id, d)
         except FileNotFoundError:
             with self._lock:  # maybe an overwrite was swapping directories just now
                 try:
-                    return self._read(voice_id, d)
+                    voice = self._read(voice_id, d)
                 except FileNotFoundError:
                     raise UnknownVoice(f"unknown voice '{voice_id}'") from None
+        if family is not None and voice.family != family:
+            raise VoiceError(f"voice '{voice_id}' was saved with a {voice.family} model and this model is {family}: "
+                             "its speech tokens and speaker features belong to the other model; save the voice "
+                             "again with this model (under another id)")
+        return voice
 
     @staticmethod
     def _read(voice_id: str, d: Path) -> Voice:
@@ -113,20 +126,20 @@ class VoiceStore:
                 meta = f.metadata() or {}
                 t = {k: f.get_tensor(k) for k in ("speech_tokens", "mel", "embedding")}
             return Voice(voice_id, meta["prompt_text"], PromptFeatures(t["speech_tokens"], t["mel"], t["embedding"]),
-                         float(meta["created_at"]))
+                         float(meta["created_at"]), meta.get("family", LEGACY_FAMILY))
         except (SafetensorError, KeyError, ValueError, OSError) as e:
             if isinstance(e, FileNotFoundError):
                 raise
             raise VoiceError(f"saved voice '{voice_id}' is damaged ({type(e).__name__}); save it again") from None
 
     def list(self) -> list[dict]:
-        """[{voice_id, prompt_text, created_at}] of every complete voice, newest first."""
+        """[{voice_id, prompt_text, created_at, family}] of every complete voice, newest first."""
         out = []
         for d in self.root.iterdir():
             if d.name.startswith(".") or not (d / "voice.json").is_file():
                 continue
             try:
-                out.append(json.loads((d / "voice.json").read_text(encoding="utf-8")))
+                out.append({"family": LEGACY_FAMILY, **json.loads((d / "voice.json").read_text(encoding="utf-8"))})
             except (OSError, ValueError):
                 continue  # removed or replaced while we listed
         return sorted(out, key=lambda v: v["created_at"], reverse=True)

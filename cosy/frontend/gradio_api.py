@@ -239,7 +239,8 @@ def register(service: FrontendService) -> None:
                                       cancelled=left)
 
     def list_voices() -> list[dict]:
-        """The saved voices, newest first: [{voice_id, prompt_text, created_at}]."""
+        """The saved voices, newest first: [{voice_id, prompt_text, created_at, family}] (family: the model
+        family that saved it, e.g. cosyvoice2; a voice serves only models of its family)."""
         with user_errors():
             return service.list_voices()
 

@@ -70,7 +70,7 @@ class FrontendService:
         if not req.voice_id:
             check_lm_budget(req, self.lm_max_len)
             return req
-        voice = self.data.voices.load(req.voice_id)
+        voice = self.data.voices.load(req.voice_id, family=self.family.name)
         prompt_text = voice.prompt_text if req.mode == "voice" else req.prompt_text
         out = replace(req, voice=voice.features, prompt_wav=None, prompt_text=prompt_text)
         check_lm_budget(out, self.lm_max_len, int(voice.features.speech_tokens.numel()))
@@ -124,7 +124,8 @@ class FrontendService:
         check_voice_id(voice_id)
         self.check_transcript(prompt_text)
         features = self.pool.prompt_features(str(prompt_wav), cancelled)
-        v = self.data.voices.save(voice_id, prompt_text.strip(), features, overwrite=overwrite)
+        v = self.data.voices.save(voice_id, prompt_text.strip(), features, overwrite=overwrite,
+                                  family=self.family.name)
         return {"voice_id": v.voice_id, "prompt_text": v.prompt_text, "created_at": v.created_at}
 
     def list_voices(self) -> list[dict]:
