@@ -93,7 +93,9 @@ def generate(page) -> dict:
     return player
 
 
-def test_zero_shot_with_streaming_playback(page):
+def test_zero_shot_with_streaming_playback(page, tiny_model_dir):
+    # the header names what is served: family, model directory, LM checkpoint
+    expect(page.locator("#header")).to_contain_text(f"CosyVoice2 ({tiny_model_dir.name}) · LM llm.pt")
     upload_prompt(page, "zero_shot_prompt.wav")
     page.locator("#prompt_text textarea").fill(ZS_TEXT)
     page.locator("#tts_text textarea").fill("你好。今天天气很好。")

@@ -59,6 +59,13 @@ class FrontendService:
         """The model family the workers serve (token rate, ids, names)."""
         return ModelDir(self.pool.spec.model_dir).family
 
+    @property
+    def model_label(self) -> str:
+        """What this frontend serves, for pages and logs: "CosyVoice3 (Fun-CosyVoice3-0.5B-2512) · LM llm.rl.pt"."""
+        spec = self.pool.spec
+        return (f"{self.family.display_name} ({Path(spec.model_dir).name}) · "
+                f"LM {self.family.files.llm_file(spec.llm_variant)}")
+
     def resolve(self, req: SynthesisRequest) -> SynthesisRequest:
         """Checked, with a saved voice's stored features in place of `voice_id` (no ONNX work per request;
         mode 'voice' also takes the voice's transcript as prompt text)."""

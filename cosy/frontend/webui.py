@@ -32,8 +32,6 @@ HELP = {
     "instruct": "上传或录制 prompt 音频，并用一句话描述说话方式。 Upload or record a prompt and describe how "
                 "to speak.",
 }
-INSTRUCT_EXAMPLES = ["用四川话说这句话", "用粤语说这句话", "用开心的语气说", "用伤心的语气说",
-                     "Speak slowly and softly.", "Speak with great excitement!"]
 THEME = gr.themes.Soft(font=["ui-sans-serif", "system-ui", "sans-serif"],  # no web fonts: works offline
                        font_mono=["ui-monospace", "monospace"])
 PRIVATE = dict(api_visibility="private")  # UI events stay out of the documented API (gradio_api.py)
@@ -115,12 +113,15 @@ def _on_mode(mode: str):
             gr.update(visible=mode == "instruct"), gr.update(visible=mode == "voice"), HELP[mode])
 
 
-def build(service: FrontendService, title: str = "CosyVoice2 语音合成 · Text to speech") -> gr.Blocks:
-    """The WebUI Blocks (the API endpoints are added by the caller, see `gradio_api.register`)."""
+def build(service: FrontendService, title: str | None = None) -> gr.Blocks:
+    """The WebUI Blocks (the API endpoints are added by the caller, see `gradio_api.register`); the header names
+    the family, model directory and LM checkpoint served."""
+    family = service.family
+    title = title or f"{family.display_name} 语音合成 · Text to speech"
     can_stream = shutil.which("ffmpeg") is not None  # gradio encodes the streamed audio with ffmpeg
-    with gr.Blocks(title="cosy · CosyVoice2", delete_cache=(600, 3600)) as blocks:
-        gr.Markdown(f"# {title}\nCosyVoice2 · cosy. 24 kHz; 相同种子与输入得到相同音频 / the same seed and "
-                    "inputs give the same audio.")
+    with gr.Blocks(title=f"cosy · {family.display_name}", delete_cache=(600, 3600)) as blocks:
+        gr.Markdown(f"# {title}\n{service.model_label} · cosy. 24 kHz; 相同种子与输入得到相同音频 / the same seed "
+                    "and inputs give the same audio.", elem_id="header")
         mode = gr.Radio([(label, m) for m, label in MODE_LABELS.items()], value="zero_shot", label="推理模式 Mode",
                         elem_id="mode")
         mode_help = gr.Markdown(HELP["zero_shot"])
@@ -139,8 +140,8 @@ def build(service: FrontendService, title: str = "CosyVoice2 语音合成 · Tex
                     refresh = gr.Button("🔄 刷新 Refresh", elem_id="refresh", scale=0, min_width=120)
                 with gr.Group(visible=False) as instruct_box:
                     instruct = gr.Textbox(label="指令文本 Instruction", elem_id="instruct_text",
-                                          placeholder="例如 e.g. 用四川话说这句话 / Speak slowly and softly.")
-                    gr.Examples([[e] for e in INSTRUCT_EXAMPLES], inputs=instruct,
+                                          placeholder=f"例如 e.g. {family.instruct_examples[0]}")
+                    gr.Examples([[e] for e in family.instruct_examples], inputs=instruct,
                                 label="指令示例 Example instructions")
                 with gr.Row():
                     seed = gr.Number(value=0, precision=0, label="随机种子 Seed", elem_id="seed", scale=4)

@@ -87,6 +87,7 @@ class ModelFamily:
     """
 
     name: str  # "cosyvoice2"; also written into the exported vLLM config.json (`cosy_family`)
+    display_name: str  # "CosyVoice2": how pages and logs name the family
     files: ModelFiles
     tokens: SpeechTokens
     # the LM prompt is [sos, embed_tokens(prompt_text ++ text), task_id, speech_embedding(prompt_speech)]
@@ -112,6 +113,9 @@ class ModelFamily:
     # prompt from the caller); False: the marker is appended when missing (CosyVoice2)
     instruct_requires_end: bool = False
     instruct_example: str = "用粤语说这句话"  # shown in the error for a bad instruction
+    # valid instructions the WebUI offers (the first is its placeholder)
+    instruct_examples: tuple[str, ...] = ("用四川话说这句话", "用粤语说这句话", "用开心的语气说", "用伤心的语气说",
+                                          "Speak slowly and softly.", "Speak with great excitement!")
     prompt_mel_fmax: float | None = 8000.0  # top of the flow prompt mel's filter bank (CosyVoice3: None = sr/2)
     # output length per target text token: [min_ratio * n, max_ratio * n]
     min_token_text_ratio: float = 2

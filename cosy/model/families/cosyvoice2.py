@@ -3,6 +3,7 @@ from cosy.model.family import EmbeddingRow, ModelFamily, ModelFiles, SpeechToken
 
 FAMILY = ModelFamily(
     name="cosyvoice2",
+    display_name="CosyVoice2",
     files=ModelFiles(yaml="cosyvoice2.yaml", speech_tokenizer="speech_tokenizer_v2.onnx"),
     # speech tokens 0..6560; eos 6561; 6562 also stops; fill 6563. Before min_len only eos is masked.
     tokens=SpeechTokens(size=6561, vocab=6564, eos=6561, stop=(6561, 6562, 6563), fill=6563, min_len_mask=6561),

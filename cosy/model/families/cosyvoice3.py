@@ -14,6 +14,7 @@ SILENT = (1, 2, 28, 29, 55, 248, 494, 2241, 2242, 2322, 2323)  # official `CosyV
 
 FAMILY = ModelFamily(
     name="cosyvoice3",
+    display_name="CosyVoice3",
     files=ModelFiles(yaml="cosyvoice3.yaml", speech_tokenizer="speech_tokenizer_v3.onnx",
                      llm_variants=(("rl", "llm.rl.pt"),)),  # the RL-tuned LM shipped beside llm.pt
     # every id >= 6561 stops; quirk: before min_len the official sampler masks 6561 (sos), so eos is never blocked
@@ -41,6 +42,8 @@ FAMILY = ModelFamily(
     system_prompt="You are a helpful assistant.<|endofprompt|>",
     instruct_requires_end=True,
     instruct_example="You are a helpful assistant. 请用广东话表达。<|endofprompt|>",
+    instruct_examples=tuple(f"You are a helpful assistant. {t}<|endofprompt|>" for t in (
+        "请用四川话说这句话。", "请用广东话表达。", "请用尽可能快地语速说一句话。", "请非常开心地说一句话。")),
     prompt_mel_fmax=None,
     flow="cosy.flow.dit_model:DiTFlowModel",
     flow_estimator="cosy.flow.dit:DiT",
