@@ -133,7 +133,7 @@ def golden_backend(tmp_path_factory):
 
 @pytest.mark.parametrize("case", GREEDY_CASES, ids=[c["name"] for c in GREEDY_CASES])
 def test_vllm_matches_official(case, golden_backend):
-    lm = RemoteLM(golden_backend.url, golden_backend.api_key, golden_backend.model_name)
+    lm = RemoteLM(golden_backend.url, golden_backend.api_key, golden_backend.model_name, stall_timeout=60)
     embedder = PromptEmbedder.from_model_dir(GOLDEN_MODEL)
     steps = RemoteSteps(lm, embedder.segments, SamplingParams(greedy=True), seed=0)
     got, want = run_case(case, steps), want_of(case)
@@ -150,7 +150,7 @@ def test_vllm_matches_official(case, golden_backend):
 def test_vllm_sampled_bistream_is_seeded(golden_backend):
     """RAS sampling on the backend, history carried across segments: same seed, same tokens."""
     case = CASES[1]
-    lm = RemoteLM(golden_backend.url, golden_backend.api_key, golden_backend.model_name)
+    lm = RemoteLM(golden_backend.url, golden_backend.api_key, golden_backend.model_name, stall_timeout=60)
     embedder = PromptEmbedder.from_model_dir(GOLDEN_MODEL)
 
     def once(seed: int) -> list[int]:

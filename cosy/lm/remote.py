@@ -109,6 +109,8 @@ class RemoteLM:
             xargs["cosy_ignore_stop"] = 1
         extra = {"prompt_embeds": encode_prompt_embeds(prompt_embeds), "return_token_ids": True,
                  "stop_token_ids": stop, "ignore_eos": p.ignore_stop, "top_k": -1, "vllm_xargs": xargs}
+        if logprobs:  # the backend has no tokenizer: log-probs come keyed by "token_id:N"
+            extra["return_tokens_as_token_ids"] = True
         # plain sampling: the backend's logits processor already turned the row into the RAS distribution
         return self.client.completions.create(
             model=self.model, prompt=None, max_tokens=int(max_len), temperature=0.0 if p.greedy else 1.0,
