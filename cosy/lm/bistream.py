@@ -67,12 +67,13 @@ def _text_segments(stream: list[tuple[str, int]]) -> list[Segment]:
 
 
 def decode(pieces: Iterable[Sequence[int]], prompt_text: Sequence[int], prompt_speech: Sequence[int],
-           backend: StepBackend, family: ModelFamily, max_final: int,
+           backend: StepBackend, family: ModelFamily, max_final: int | None = None,
            out_tokens: list[int] | None = None) -> Iterator[int]:
     """Yield speech tokens as the text pieces arrive (`pieces` may block: a queue of streamed text).
 
-    max_final: the most tokens of the final decode (the official has no limit; ours must). `out_tokens`:
-    filled with the official out_tokens list (fills and the final eos included) for inspection."""
+    max_final: the most tokens of the final decode (the official has no limit; ours must; None: the
+    family's max length for the whole target text). `out_tokens`: filled with the official out_tokens list
+    (fills and the final eos included) for inspection."""
     n_text, n_speech = family.mix_ratio
     fill, eos = family.tokens.fill, family.tokens.eos
     out = out_tokens if out_tokens is not None else []
@@ -90,8 +91,10 @@ def decode(pieces: Iterable[Sequence[int]], prompt_text: Sequence[int], prompt_s
         block, text = _text_segments(text[:n_text]), text[n_text:]
         return block
 
+    n_target = 0
     for piece in pieces:
         text += [("text", int(i)) for i in piece]
+        n_target += len(piece)
         while speech and len(text) >= n_text:
             first += take() + [Segment("prompt_speech", tuple(speech[:n_speech]))]
             speech = speech[n_speech:]
@@ -133,6 +136,8 @@ def decode(pieces: Iterable[Sequence[int]], prompt_text: Sequence[int], prompt_s
         final = first + rest
     final.append(Segment("task_id"))
     stop = frozenset(family.tokens.stop)
+    if max_final is None:
+        max_final = max(family.length_limits(n_target)[1], 1)
     for token in backend.run(final, out, max_final, False, stop):
         out.append(token)
         if token == eos:
