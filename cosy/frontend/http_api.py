@@ -24,7 +24,7 @@ import hmac
 import time
 from collections.abc import Callable
 
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request, WebSocket
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 from starlette.routing import BaseRoute, Match, Mount
@@ -36,6 +36,8 @@ from cosy.frontend.auth import KeyGate
 from cosy.frontend.metrics import Metrics
 from cosy.frontend.openai_api import build_openai_router
 from cosy.frontend.pai_api import build_pai_router
+from cosy.frontend.ws_params import DashScopeDialect, Dialect
+from cosy.frontend.ws_tasks import TaskSession
 from cosy.frontend.reference_audio import ReferenceAudios
 from cosy.frontend.service import FrontendService
 
@@ -67,6 +69,17 @@ def build_router(service: FrontendService, *, api_key: str | None, ready: Ready)
     router = api_router()
     router.include_router(build_pai_router(service, refs, auth))
     router.include_router(build_openai_router(service, refs, auth))
+
+    async def pai_ws(ws: WebSocket):
+        await TaskSession(ws, service, refs, Dialect()).serve()
+
+    async def dashscope_ws(ws: WebSocket):
+        await TaskSession(ws, service, refs, DashScopeDialect()).serve()
+
+    # WebSockets: the key is checked by KeyGate (close code 1008 without it)
+    router.add_api_websocket_route("/api-ws/v1/audio/speech", pai_ws)
+    router.add_api_websocket_route("/api-ws/v1/inference", dashscope_ws)
+    router.add_api_websocket_route("/api-ws/v1/inference/", dashscope_ws)
 
     async def health():
         """The process is up (no key needed)."""

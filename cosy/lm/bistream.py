@@ -71,8 +71,8 @@ def decode(pieces: Iterable[Sequence[int]], prompt_text: Sequence[int], prompt_s
            out_tokens: list[int] | None = None) -> Iterator[int]:
     """Yield speech tokens as the text pieces arrive (`pieces` may block: a queue of streamed text).
 
-    max_final: the most tokens of the final decode (the official has no limit; ours must; None: the
-    family's max length for the whole target text). `out_tokens`: filled with the official out_tokens list
+    max_final: the most tokens of the final decode (the official has no limit; ours must; None: what the
+    family's max length for the whole target text leaves after the speech tokens of the text phase). `out_tokens`: filled with the official out_tokens list
     (fills and the final eos included) for inspection."""
     n_text, n_speech = family.mix_ratio
     fill, eos = family.tokens.fill, family.tokens.eos
@@ -137,7 +137,7 @@ def decode(pieces: Iterable[Sequence[int]], prompt_text: Sequence[int], prompt_s
     final.append(Segment("task_id"))
     stop = frozenset(family.tokens.stop)
     if max_final is None:
-        max_final = max(family.length_limits(n_target)[1], 1)
+        max_final = max(family.length_limits(n_target)[1] - sum(t < family.tokens.size for t in out), 1)
     for token in backend.run(final, out, max_final, False, stop):
         out.append(token)
         if token == eos:

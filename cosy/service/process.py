@@ -1,7 +1,8 @@
 """What runs inside one synthesis worker process: the engine, and the loop that answers the pool's messages.
 
 Messages from the pool (`cosy.service.workers.WorkerPool`) over a Pipe: `(job_id, kind, payload)` starts a
-job, `("cancel", job_id)` cancels one, `None` ends the process. Answers: `("ready", sample_rate)` or
+job, `("text", job_id, piece)` brings a "duplex" job its next text piece (None: the text ended),
+`("cancel", job_id)` cancels one, `None` ends the process. Answers: `("ready", sample_rate)` or
 `("failed", why)` once at start, then `("chunk"|"result"|"done"|"error", job_id, data)`. At max_batch 1 the
 worker runs one job at a time here; above, `cosy.speech.worker.serve` holds many.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+from collections import deque
 from dataclasses import dataclass
 
 from cosy.errors import Cancelled, JobError
@@ -115,6 +117,36 @@ class _CancellableLM:
                     it.armed = armed
 
 
+class TextInbox:
+    """The text pieces of the running duplex job (max_batch 1), read from the pipe when the LM needs the
+    next one; a cancel seen meanwhile ends the job."""
+
+    def __init__(self, conn, job_id: int):
+        self.conn, self.job_id = conn, job_id
+        self.queued: deque = deque()
+        self.cancelled = False
+
+    def take(self, msg) -> None:
+        """A message that arrived while the job runs."""
+        if msg is None:
+            raise EOFError
+        if msg[0] == "text" and msg[1] == self.job_id:
+            self.queued.append(msg[2])
+        elif msg == ("cancel", self.job_id):
+            self.cancelled = True
+
+    def pieces(self):
+        while True:
+            while not self.queued:
+                if self.cancelled:
+                    raise Cancelled("cancelled")
+                self.take(self.conn.recv())
+            piece = self.queued.popleft()
+            if piece is None:
+                return
+            yield piece
+
+
 def worker_main(spec: EngineSpec, conn, cancel=None, health=None, prepare=None) -> None:
     """Worker process: build the engine (`prepare(engine)` may adjust it: benchmarks fix the token count),
     then run its jobs: one at a time (max_batch 1) or up to max_batch at once (`cosy.speech.worker`).
@@ -160,22 +192,28 @@ def _serve(spec: EngineSpec, conn, cancel, health, prepare) -> None:
             signal.signal(INTERRUPT, interrupt.handler)
         engine.lm = _CancellableLM(engine.lm, cancel, interrupt)
         engine.synthesize = interrupt.synthesize(engine.synthesize)
+        engine.synthesize_duplex = interrupt.synthesize(engine.synthesize_duplex)
     conn.send(("ready", engine.sample_rate))
     while (msg := conn.recv()) is not None:
-        if msg[0] == "cancel":  # for a job that has finished meanwhile
+        if msg[0] in ("cancel", "text"):  # for a job that has finished meanwhile
             continue
         job_id, kind, payload = msg
         try:
             if kind == "features":
                 conn.send(("result", job_id, engine.prompt_features(payload["source"]).to_arrays()))
             else:
-                chunks = engine.synthesize(SynthesisRequest.from_wire(payload))
+                inbox = TextInbox(conn, job_id)
+                req = SynthesisRequest.from_wire(payload)
+                chunks = (engine.synthesize_duplex(req, inbox.pieces()) if kind == "duplex"
+                          else engine.synthesize(req))
                 try:
                     for chunk in chunks:
                         if cancel is not None and cancel.is_set():
                             break
                         conn.send(("chunk", job_id, chunk.numpy()))
-                        if conn.poll() and conn.recv() == ("cancel", job_id):
+                        while conn.poll() and not inbox.cancelled:  # text pieces wait in the inbox
+                            inbox.take(conn.recv())
+                        if inbox.cancelled:
                             break
                 finally:
                     chunks.close()
