@@ -205,3 +205,36 @@ def test_ws_needs_the_key(stack):
             return json.loads(await ws.recv())
 
     assert asyncio.run(main())["header"]["event"] == "task-failed"
+
+
+def test_dashscope_sdk_streaming_call(stack):
+    """The real `dashscope` SDK's SpeechSynthesizer, its websocket URL pointed at us, a reference id as voice."""
+    import dashscope
+    from dashscope.audio.tts_v2 import AudioFormat, ResultCallback, SpeechSynthesizer
+
+    class Callback(ResultCallback):
+        def __init__(self):
+            self.audio, self.events, self.completed = bytearray(), [], False
+
+        def on_data(self, data: bytes) -> None:
+            self.audio.extend(data)
+
+        def on_event(self, message: str) -> None:
+            self.events.append(json.loads(message))
+
+        def on_complete(self) -> None:
+            self.completed = True
+
+    dashscope.base_websocket_api_url = ws_url(stack, "/api-ws/v1/inference", keyed=True)
+    dashscope.api_key = KEY
+    cb = Callback()
+    synth = SpeechSynthesizer(model="cosyvoice-v2", voice=stack.ref, format=AudioFormat.PCM_24000HZ_MONO_16BIT,
+                              volume=50, speech_rate=1.0, callback=cb)
+    for piece in ["你好", "，世界", "。"]:
+        synth.streaming_call(piece)
+    synth.streaming_complete(complete_timeout_millis=300_000)
+    assert cb.completed and len(cb.audio) > 0 and len(cb.audio) % 2 == 0
+    seconds = len(cb.audio) / 2 / RATE
+    assert cb.events and all(e["header"]["event"] == "result-generated" for e in cb.events)
+    assert abs(sum(e["payload"]["metrics"]["speech_len"] for e in cb.events) - seconds) < 0.01
+    assert synth.get_first_package_delay() > 0
