@@ -11,7 +11,7 @@ import uuid
 import pytest
 import soundfile as sf
 import websockets
-from http_stack import KEY, stack  # noqa: F401
+from http_stack import KEY
 
 RATE = 24000
 # ten two-token pieces: cross-lingual decoding (no prompt speech to place first) makes 15 speech tokens per 5
@@ -238,3 +238,43 @@ def test_dashscope_sdk_streaming_call(stack):
     assert cb.events and all(e["header"]["event"] == "result-generated" for e in cb.events)
     assert abs(sum(e["payload"]["metrics"]["speech_len"] for e in cb.events) - seconds) < 0.01
     assert synth.get_first_package_delay() > 0
+
+
+def test_openai_style_session(stack):
+    """session.config -> input.text deltas -> input.done: audio deltas, then done; twice on one connection,
+    with the errors in between leaving it usable."""
+    async def main():
+        async with websockets.connect(ws_url(stack, "/v1/audio/speech/stream")) as ws:
+            await ws.send(json.dumps({"type": "input.text", "delta": "early"}))
+            early = json.loads(await ws.recv())
+            await ws.send(json.dumps({"type": "session.config", "voice": "nobody"}))
+            unknown = json.loads(await ws.recv())
+            sessions = []
+            for fmt in ("pcm", "wav"):
+                await ws.send(json.dumps({"type": "session.config", "voice": stack.ref, "response_format": fmt,
+                                          "seed": 2}))
+                created = json.loads(await ws.recv())
+                for piece in ["你好", "，世界", "。"]:
+                    await ws.send(json.dumps({"type": "input.text", "delta": piece}))
+                await ws.send(json.dumps({"type": "input.done"}))
+                events = []
+                while not events or events[-1]["type"] not in ("speech.audio.done", "error"):
+                    events.append(json.loads(await ws.recv()))
+                sessions.append((created, events))
+            return early, unknown, sessions
+
+    early, unknown, sessions = asyncio.run(main())
+    assert early["type"] == "error" and early["error"]["code"] == "no_session"
+    assert unknown["type"] == "error" and unknown["error"]["code"] == "not_found"
+    lengths = []
+    for (created, events), fmt in zip(sessions, ("pcm", "wav")):
+        assert created["type"] == "session.created" and created["response_format"] == fmt
+        assert created["sample_rate"] == RATE
+        assert [e["type"] for e in events[:-1]] == ["speech.audio.delta"] * (len(events) - 1)
+        done = events[-1]
+        assert done["type"] == "speech.audio.done" and done["usage"]["input_tokens"] == len("你好，世界。")
+        audio = b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
+        samples = len(audio) // 2 if fmt == "pcm" else len(sf.read(io.BytesIO(audio))[0])
+        assert abs(done["usage"]["output_tokens"] - samples / RATE * 25) <= 1
+        lengths.append(samples)
+    assert lengths[0] == lengths[1] > 0  # same seed and text: the same audio in either format

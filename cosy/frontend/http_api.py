@@ -36,10 +36,11 @@ from cosy.frontend.auth import KeyGate
 from cosy.frontend.metrics import Metrics
 from cosy.frontend.openai_api import build_openai_router
 from cosy.frontend.pai_api import build_pai_router
-from cosy.frontend.ws_params import DashScopeDialect, Dialect
-from cosy.frontend.ws_tasks import TaskSession
 from cosy.frontend.reference_audio import ReferenceAudios
 from cosy.frontend.service import FrontendService
+from cosy.frontend.ws_openai import OpenAIDialect, OpenAISession
+from cosy.frontend.ws_params import DashScopeDialect, Dialect
+from cosy.frontend.ws_tasks import TaskSession
 
 Ready = Callable[[], tuple[bool, str]]
 
@@ -76,10 +77,14 @@ def build_router(service: FrontendService, *, api_key: str | None, ready: Ready)
     async def dashscope_ws(ws: WebSocket):
         await TaskSession(ws, service, refs, DashScopeDialect()).serve()
 
+    async def openai_ws(ws: WebSocket):
+        await OpenAISession(ws, service, refs, OpenAIDialect(service.sample_rate)).serve()
+
     # WebSockets: the key is checked by KeyGate (close code 1008 without it)
     router.add_api_websocket_route("/api-ws/v1/audio/speech", pai_ws)
     router.add_api_websocket_route("/api-ws/v1/inference", dashscope_ws)
     router.add_api_websocket_route("/api-ws/v1/inference/", dashscope_ws)
+    router.add_api_websocket_route("/v1/audio/speech/stream", openai_ws)
 
     async def health():
         """The process is up (no key needed)."""

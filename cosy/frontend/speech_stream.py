@@ -55,7 +55,8 @@ class Piece:
 
 
 def _pieces(service: FrontendService, refs: ReferenceAudios, req: SpeechRequest,
-            received: float, cancelled: threading.Event | None = None, text: queue.Queue | None = None) -> Iterator[Piece]:
+            received: float, cancelled: threading.Event | None = None,
+            text: queue.Queue | None = None) -> Iterator[Piece]:
     """The blocking pipeline; raises CosyError. Setting `cancelled` cancels the job at once. `text`: the
     pieces of a duplex request (`FrontendService.stream`)."""
     encoder = make_encoder(req.fmt, req.sample_rate, bit_rate=req.bit_rate, streaming=req.synthesis.stream)

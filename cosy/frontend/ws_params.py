@@ -48,7 +48,7 @@ class DashScopeParameters(BaseModel):
     seed: int | None = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
 
 
-def _validated(model: type[BaseModel], payload: dict) -> BaseModel:
+def _validated(model: type[BaseModel], payload: dict, prefix: str = "parameters.") -> BaseModel:
     params = payload.get("parameters")
     if not isinstance(params, dict):
         raise BadRequest("run-task needs payload.parameters (an object)")
@@ -56,8 +56,8 @@ def _validated(model: type[BaseModel], payload: dict) -> BaseModel:
         return model.model_validate(params)
     except ValidationError as e:
         err = e.errors()[0]
-        where = ".".join(str(x) for x in err["loc"]) or "parameters"
-        raise BadRequest(f"parameters.{where}: {err['msg']}") from None
+        where = ".".join(str(x) for x in err["loc"])
+        raise BadRequest(f"{prefix}{where}: {err['msg']}") from None
 
 
 class Dialect:

@@ -61,6 +61,7 @@ class Task:
         self.text: queue.Queue = queue.Queue()
         self.characters = 0
         self.finished = False  # finish-task seen
+        self.seconds = 0.0  # audio sent
         self.sender: asyncio.Task | None = None
 
 
@@ -138,13 +139,12 @@ class TaskSession:
         elif action in ("continue-task", "finish-task"):
             task = self.task
             if task is None or task.id != task_id:
-                raise TaskFailed("InvalidTask", f"{action} for task {task_id!r}, but "
-                                 + (f"the running task is {task.id!r}" if task else "no task runs: send run-task first"),
-                                 task_id)
+                running = f"the running task is {task.id!r}" if task else "no task runs: send run-task first"
+                raise TaskFailed("InvalidTask", f"{action} for task {task_id!r}, but {running}", task_id)
             if task.finished:
                 raise TaskFailed("InvalidTask", f"{action} after finish-task", task_id)
             if action == "continue-task":
-                self.add_text(task, payload)
+                self.continue_text(task, payload)
             else:
                 task.finished = True
                 task.text.put(None)
@@ -152,13 +152,16 @@ class TaskSession:
             raise TaskFailed("InvalidMessage", f"unknown action {action!r}: use run-task, continue-task or "
                              "finish-task", task_id)
 
-    def add_text(self, task: Task, payload: dict) -> None:
+    def continue_text(self, task: Task, payload: dict) -> None:
         inp = payload.get("input") if isinstance(payload.get("input"), dict) else {}
         text = inp.get("text")
         if text is None and inp.get("flush"):  # DashScope's flush: our text goes to the LM as it comes
             return
         if not isinstance(text, str):
             raise TaskFailed("InvalidParameter", "continue-task needs payload.input.text (a string)", task.id)
+        self.add_text(task, text)
+
+    def add_text(self, task: Task, text: str) -> None:
         task.characters += len(text)
         if task.characters > MAX_TEXT_CHARS:
             raise TaskFailed("InvalidParameter", f"the task's text is {task.characters} characters; the limit is "
@@ -172,14 +175,33 @@ class TaskSession:
         if self.task is not None:
             raise TaskFailed("InvalidTask", f"task {self.task.id!r} is still running: one task at a time on a "
                              "connection (wait for its task-finished)", task_id)
+        await self.start_task(task_id, lambda: self.dialect.parse(payload))
+
+    async def start_task(self, task_id: str, parse) -> None:
+        """Parse the parameters, check the voice, announce the task and start its audio."""
         try:
-            params = self.dialect.parse(payload)
+            params = parse()
             await asyncio.to_thread(self.refs.get, params.speech.synthesis.voice_id)  # unknown voice: fail now
         except CosyError as e:
             raise TaskFailed(error_code(e), str(e), task_id) from None
         task = self.task = Task(task_id, params)
-        await self.send(event("task-started", task_id))
+        await self.started(task)
         task.sender = asyncio.create_task(self.stream(task))
+
+    # the events (the OpenAI-style session overrides them)
+    async def started(self, task: Task) -> None:
+        await self.send(event("task-started", task.id))
+
+    async def audio(self, task: Task, data: bytes, metrics: dict) -> None:
+        if task.params.binary:
+            await self.send(data=data)
+            await self.send(event("result-generated", task.id, {"output": {}, "metrics": metrics}))
+        else:
+            audio = {"data": base64.b64encode(data).decode("ascii")}
+            await self.send(event("result-generated", task.id, {"output": {"audio": audio}, "metrics": metrics}))
+
+    async def finished(self, task: Task) -> None:
+        await self.send(event("task-finished", task.id, {"output": {}, "usage": {"characters": task.characters}}))
 
     async def stream(self, task: Task) -> None:
         received = time.monotonic()
@@ -194,15 +216,9 @@ class TaskSession:
                 if piece.data or seconds > 0:
                     metrics = {"speech_len": round(seconds, 4), "server_cost_time": round(piece.elapsed, 4),
                                "generate_time": round(wait, 4)}
-                    if p.binary:
-                        await self.send(data=piece.data)
-                        await self.send(event("result-generated", task.id, {"output": {}, "metrics": metrics}))
-                    else:
-                        audio = {"data": base64.b64encode(piece.data).decode("ascii")}
-                        await self.send(event("result-generated", task.id,
-                                              {"output": {"audio": audio}, "metrics": metrics}))
+                    await self.audio(task, piece.data, metrics)
                     seconds = wait = 0.0
-            await self.send(event("task-finished", task.id, {"output": {}, "usage": {"characters": task.characters}}))
+            await self.finished(task)
         except CosyError as e:
             with suppress(Exception):
                 await self.fail(error_code(e), str(e), task.id)

@@ -72,8 +72,8 @@ def decode(pieces: Iterable[Sequence[int]], prompt_text: Sequence[int], prompt_s
     """Yield speech tokens as the text pieces arrive (`pieces` may block: a queue of streamed text).
 
     max_final: the most tokens of the final decode (the official has no limit; ours must; None: what the
-    family's max length for the whole target text leaves after the speech tokens of the text phase). `out_tokens`: filled with the official out_tokens list
-    (fills and the final eos included) for inspection."""
+    family's max length for the whole target text leaves after the speech tokens of the text phase).
+    `out_tokens`: filled with the official out_tokens list (fills and the final eos included) for inspection."""
     n_text, n_speech = family.mix_ratio
     fill, eos = family.tokens.fill, family.tokens.eos
     out = out_tokens if out_tokens is not None else []
