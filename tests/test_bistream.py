@@ -161,3 +161,30 @@ def test_vllm_sampled_bistream_is_seeded(golden_backend):
     a, b = once(5), once(5)
     assert a == b and len(a) >= 60 and all(0 <= t < CV2.tokens.size for t in a)
     assert once(6) != a
+
+
+def test_engine_duplex_gives_the_same_audio_on_vllm_and_embedded(golden_backend, tiny_model_dir, tmp_path):
+    """The whole duplex path (streamed-text normalization, bistream, streaming token2wav), greedy: the vLLM
+    backend and the embedded LM make the same tokens, hence the same audio."""
+    import shutil
+
+    import torch
+
+    from cosy.pipeline.engine import Engine
+    from cosy.pipeline.request import SynthesisRequest
+
+    md = tmp_path / "model"
+    shutil.copytree(GOLDEN_MODEL, md)
+    for onnx in ("campplus.onnx", "speech_tokenizer_v2.onnx"):  # the golden model has no prompt encoders
+        shutil.copy2(tiny_model_dir / onnx, md / onnx)
+    for name in ("vocab.json", "merges.txt", "tokenizer_config.json"):  # the golden tokenizer (ids < 4096)
+        shutil.copy2(FIXTURES / "golden" / "tokenizer" / name, md / "CosyVoice-BlankEN" / name)
+    embedded = Engine.from_model_dir(md)
+    remote = Engine.from_model_dir(md, llm_base_url=golden_backend.url, llm_api_key=golden_backend.api_key)
+    pieces = ["The day", " was good,", "", " and"]  # ids < 4096; 6 text tokens: at most 120 speech tokens
+    req = SynthesisRequest(mode="cross_lingual", prompt_wav=FIXTURES.parent.parent / "assets" / "zero_shot_prompt.wav",
+                           duplex=True, greedy=True, seed=1)
+    a = torch.cat(list(embedded.synthesize_duplex(req, iter(pieces))))
+    b = torch.cat(list(remote.synthesize_duplex(req, iter(pieces))))
+    assert a.numel() == b.numel() >= 24000 * 15 // 25
+    assert torch.allclose(a, b, atol=1e-4)

@@ -88,10 +88,15 @@ class _CancellableLM:
         self.lm, self.cancel, self.interrupt = lm, cancel, interrupt
 
     def __getattr__(self, name):
-        return getattr(self.lm, name)
+        attr = getattr(self.lm, name)
+        if name == "complete":  # a remote LM's continued decode (duplex): guarded like generate
+            return lambda *args, **kwargs: self._guarded(attr(*args, **kwargs))
+        return attr
 
     def generate(self, *args, **kwargs):
-        tokens = self.lm.generate(*args, **kwargs)
+        return self._guarded(self.lm.generate(*args, **kwargs))
+
+    def _guarded(self, tokens):
         it, armed = self.interrupt, False
         try:
             while True:
