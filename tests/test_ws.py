@@ -152,6 +152,11 @@ def test_bad_parameters_text_limit_and_disconnect(stack):
             out["second"] = json.loads(await ws.recv())
             await ws.send(action("continue-task", "c", "x" * 20001))
             out["long"] = json.loads(await ws.recv())
+            await ws.send(run_task("empty", stack.ref))  # a task whose text has nothing to speak
+            assert json.loads(await ws.recv())["header"]["event"] == "task-started"
+            await ws.send(action("continue-task", "empty", "  "))
+            await ws.send(action("finish-task", "empty"))
+            out["empty"] = json.loads(await ws.recv())
             # a new task after the failed one; then the client leaves mid-task
             await ws.send(run_task("e", stack.ref))
             assert json.loads(await ws.recv())["header"]["event"] == "task-started"
@@ -171,6 +176,8 @@ def test_bad_parameters_text_limit_and_disconnect(stack):
     assert out["second"]["header"]["error_code"] == "InvalidTask" and "still running" in \
         out["second"]["header"]["error_message"]
     assert out["long"]["header"]["task_id"] == "c" and "limit is 20000" in out["long"]["header"]["error_message"]
+    assert out["empty"]["header"]["error_code"] == "InvalidParameter"
+    assert "text is empty" in out["empty"]["header"]["error_message"]
     assert out["busy"] == 0
 
 

@@ -122,9 +122,19 @@ class Engine:
         key = _voice_key(features) if req.voice is not None else None
         flow_prompt = FlowPrompt(features.speech_tokens, features.mel, features.embedding, key)
         prompt_text_ids, prompt_speech = self._lm_prompt(req, features)
-        ids = (self.text.encode(text) for text in stream_pieces(self.text, pieces))
-        tokens = bistream_decode(ids, prompt_text_ids, prompt_speech, self._bistream_steps(req, seed), self.family)
+        steps = self._bistream_steps(req, seed)
+        tokens = bistream_decode(self._streamed_ids(pieces), prompt_text_ids, prompt_speech, steps, self.family)
         yield from self._token2wav(tokens, flow_prompt, dataclasses.replace(req, stream=True), seed)
+
+    def _streamed_ids(self, pieces: Iterable[str]) -> Iterator[list[int]]:
+        """Text ids of each normalized piece; SynthesisError at the end if nothing speakable came."""
+        n = 0
+        for text in stream_pieces(self.text, pieces):
+            ids = self.text.encode(text)
+            n += len(ids)
+            yield ids
+        if n == 0:
+            raise SynthesisError("the text is empty: nothing to speak arrived before its end")
 
     def _bistream_steps(self, req: SynthesisRequest, seed: int):
         params = dataclasses.replace(self.lm.sampling, greedy=True) if req.greedy else self.lm.sampling
