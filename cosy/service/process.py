@@ -124,12 +124,23 @@ class _CancellableLM:
 
 class TextInbox:
     """The text pieces of the running duplex job (max_batch 1), read from the pipe when the LM needs the
-    next one; a cancel seen meanwhile ends the job."""
+    next one; a cancel seen meanwhile ends the job. The interrupt is disarmed while it reads (a signal must
+    not tear a message half read: the cancel message that follows the signal ends the wait)."""
 
-    def __init__(self, conn, job_id: int):
-        self.conn, self.job_id = conn, job_id
+    def __init__(self, conn, job_id: int, interrupt: _Interrupt | None = None):
+        self.conn, self.job_id, self.interrupt = conn, job_id, interrupt
         self.queued: deque = deque()
         self.cancelled = False
+
+    def _recv(self):
+        it = self.interrupt
+        if it is None:
+            return self.conn.recv()
+        armed, it.armed = it.armed, False
+        try:
+            return self.conn.recv()
+        finally:
+            it.armed = armed
 
     def take(self, msg) -> None:
         """A message that arrived while the job runs."""
@@ -145,7 +156,7 @@ class TextInbox:
             while not self.queued:
                 if self.cancelled:
                     raise Cancelled("cancelled")
-                self.take(self.conn.recv())
+                self.take(self._recv())
             piece = self.queued.popleft()
             if piece is None:
                 return
@@ -191,6 +202,7 @@ def _serve(spec: EngineSpec, conn, cancel, health, prepare) -> None:
         conn.send(("ready", engine.sample_rate))
         serve(engine, conn)
         return
+    interrupt = None
     if cancel is not None:
         interrupt = _Interrupt(cancel)
         if INTERRUPT is not None:
@@ -207,7 +219,7 @@ def _serve(spec: EngineSpec, conn, cancel, health, prepare) -> None:
             if kind == "features":
                 conn.send(("result", job_id, engine.prompt_features(payload["source"]).to_arrays()))
             else:
-                inbox = TextInbox(conn, job_id)
+                inbox = TextInbox(conn, job_id, interrupt)
                 req = SynthesisRequest.from_wire(payload)
                 chunks = (engine.synthesize_duplex(req, inbox.pieces()) if kind == "duplex"
                           else engine.synthesize(req))
