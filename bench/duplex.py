@@ -1,6 +1,7 @@
 """First-packet latency of duplex synthesis: text streamed in at an LLM's rate vs the whole text at once.
 
-    python bench/duplex.py [--model_dir DIR] [--rate 20] [--runs 3] [--llm_base_url URL --llm_api_key KEY]
+    python bench/duplex.py [--model_dir DIR] [--rate 20] [--runs 3] [--modes streamed,whole,http]
+                           [--llm_base_url URL --llm_api_key KEY]
 
 One worker process (`WorkerPool`, embedded LM unless --llm_base_url), a saved voice (assets/zero_shot_prompt.wav,
 features computed once), the same text three ways:
@@ -63,6 +64,7 @@ def main() -> None:
     ap.add_argument("--model_dir", type=Path)
     ap.add_argument("--rate", type=float, default=20.0, help="streamed text: characters (~tokens) per second")
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--modes", default="streamed,whole,http")
     ap.add_argument("--llm_base_url", default=None)
     ap.add_argument("--llm_api_key", default=None)
     ap.add_argument("--threads", type=int, default=None)
@@ -78,7 +80,7 @@ def main() -> None:
     try:
         voice = pool.prompt_features(str(PROMPT_WAV))
         first_packet(pool, voice, "whole", args.rate, 0)  # warm-up
-        for how in ("streamed", "whole", "http"):
+        for how in args.modes.split(","):
             times = [first_packet(pool, voice, how, args.rate, seed) for seed in range(1, args.runs + 1)]
             print(f"{how:9s} first packet: median {statistics.median(times):6.2f} s  "
                   f"(min {min(times):.2f}, max {max(times):.2f})", flush=True)
