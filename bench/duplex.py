@@ -79,8 +79,9 @@ def main() -> None:
                                  threads=args.threads), workers=1).start()
     try:
         voice = pool.prompt_features(str(PROMPT_WAV))
-        first_packet(pool, voice, "whole", args.rate, 0)  # warm-up
-        for how in args.modes.split(","):
+        modes = args.modes.split(",")
+        first_packet(pool, voice, modes[0], args.rate, 0)  # warm-up
+        for how in modes:
             times = [first_packet(pool, voice, how, args.rate, seed) for seed in range(1, args.runs + 1)]
             print(f"{how:9s} first packet: median {statistics.median(times):6.2f} s  "
                   f"(min {min(times):.2f}, max {max(times):.2f})", flush=True)
