@@ -18,6 +18,7 @@ from cosy.text.frontend import TextFrontend
 from cosy.text.stream import split_tail, stream_pieces
 from cosy.text.tokenizer import TextTokenizer
 
+
 def test_split_tail_holds_back_what_may_continue():
     assert split_tail("今天是20") == ("今天是", "20")
     assert split_tail("Hello wor") == ("Hello", " wor")
