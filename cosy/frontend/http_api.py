@@ -24,7 +24,7 @@ import hmac
 import time
 from collections.abc import Callable
 
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request, WebSocket
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 from starlette.routing import BaseRoute, Match, Mount
@@ -38,6 +38,9 @@ from cosy.frontend.openai_api import build_openai_router
 from cosy.frontend.pai_api import build_pai_router
 from cosy.frontend.reference_audio import ReferenceAudios
 from cosy.frontend.service import FrontendService
+from cosy.frontend.ws_openai import OpenAIDialect, OpenAISession
+from cosy.frontend.ws_params import DashScopeDialect, Dialect
+from cosy.frontend.ws_tasks import TaskSession
 
 Ready = Callable[[], tuple[bool, str]]
 
@@ -67,6 +70,21 @@ def build_router(service: FrontendService, *, api_key: str | None, ready: Ready)
     router = api_router()
     router.include_router(build_pai_router(service, refs, auth))
     router.include_router(build_openai_router(service, refs, auth))
+
+    async def pai_ws(ws: WebSocket):
+        await TaskSession(ws, service, refs, Dialect()).serve()
+
+    async def dashscope_ws(ws: WebSocket):
+        await TaskSession(ws, service, refs, DashScopeDialect()).serve()
+
+    async def openai_ws(ws: WebSocket):
+        await OpenAISession(ws, service, refs, OpenAIDialect(service.sample_rate)).serve()
+
+    # WebSockets: the key is checked by KeyGate (close code 1008 without it)
+    router.add_api_websocket_route("/api-ws/v1/audio/speech", pai_ws)
+    router.add_api_websocket_route("/api-ws/v1/inference", dashscope_ws)
+    router.add_api_websocket_route("/api-ws/v1/inference/", dashscope_ws)
+    router.add_api_websocket_route("/v1/audio/speech/stream", openai_ws)
 
     async def health():
         """The process is up (no key needed)."""

@@ -85,6 +85,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="seconds an LM backend may go without sending a token before the request moves to "
                         f"another backend (nothing generated yet) or fails (default {DEFAULT_STALL_TIMEOUT:g})")
     up, res = store.DEFAULT_UPLOADS, store.DEFAULT_RESULTS
+    p.add_argument("--ws_idle_timeout", type=float, default=60.0,
+                   help="seconds a WebSocket task (or a connection without one) may go without a client message "
+                        "or audio sent before it fails with IdleTimeout and the connection closes (default 60)")
     p.add_argument("--uploads_max_age", type=float, default=up.max_age,
                    help=f"seconds an accepted upload is kept in DATA_DIR/uploads (default {up.max_age:g})")
     p.add_argument("--uploads_max_mb", type=float, default=up.max_bytes / 2**20,
@@ -164,7 +167,9 @@ def build_service(args: argparse.Namespace, env: dict[str, str] | None = None) -
                       cache_mb=speech_cache_mb(args, device), fixed_tokens=args.fixed_tokens,
                       llm_variant=getattr(args, "llm_variant", None), env=dict(env or {}))
     pool = WorkerPool(spec, workers=args.workers, max_queue=args.max_queue).start()
-    return FrontendService(pool, data)
+    service = FrontendService(pool, data)
+    service.ws_idle_timeout = args.ws_idle_timeout
+    return service
 
 
 def backend_max_model_len(base_url: str, api_key: str | None, model: str, timeout: float = 5.0) -> int | None:

@@ -6,6 +6,7 @@ the surface; failures are `cosy.errors.CosyError`s whose `status` the surface an
 """
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections.abc import Iterator
@@ -49,6 +50,7 @@ class FrontendService:
         # the LM's context in tokens: the embedded LM's documented limit, or the backends' max_model_len
         # (`cosy.frontend.server` reads it from their /v1/models at start-up); None = not known yet
         self.lm_max_len: int | None = None if pool.spec.llm_base_url else EMBEDDED_LM_MAX_LEN
+        self.ws_idle_timeout = 60.0  # seconds (--ws_idle_timeout; cosy.frontend.ws_tasks)
 
     @property
     def sample_rate(self) -> int:
@@ -94,14 +96,17 @@ class FrontendService:
         return prompt_text
 
     def stream(self, req: SynthesisRequest, surface: str, received: float | None = None,
-               cancelled: threading.Event | None = None) -> Iterator[np.ndarray]:
+               cancelled: threading.Event | None = None, text: queue.Queue | None = None) -> Iterator[np.ndarray]:
         """Audio chunks (float32, `sample_rate`) as the workers make them; metrics under (surface, mode).
-        Setting `cancelled` (from any thread) cancels the job at once, even while it waits in the queue."""
+        Setting `cancelled` (from any thread) cancels the job at once, even while it waits in the queue.
+        `text`: a duplex request's text pieces (str; None ends the text), see `WorkerPool.synthesize_duplex`."""
         received = time.monotonic() if received is None else received
         m, labels = self.metrics, (surface, req.mode)
         seconds, chunks = 0.0, 0
         try:
-            for chunk in self.pool.synthesize(self.resolve(req), cancelled):
+            source = (self.pool.synthesize(self.resolve(req), cancelled) if text is None
+                      else self.pool.synthesize_duplex(self.resolve(req), text, cancelled))
+            for chunk in source:
                 if not chunks:
                     m.first_packet.labels(*labels).observe(time.monotonic() - received)
                 chunks += 1

@@ -12,6 +12,7 @@ the client while a route still awaits (the first piece, or a whole non-streaming
 from __future__ import annotations
 
 import asyncio
+import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -54,12 +55,14 @@ class Piece:
 
 
 def _pieces(service: FrontendService, refs: ReferenceAudios, req: SpeechRequest,
-            received: float, cancelled: threading.Event | None = None) -> Iterator[Piece]:
-    """The blocking pipeline; raises CosyError. Setting `cancelled` cancels the job at once."""
+            received: float, cancelled: threading.Event | None = None,
+            text: queue.Queue | None = None) -> Iterator[Piece]:
+    """The blocking pipeline; raises CosyError. Setting `cancelled` cancels the job at once. `text`: the
+    pieces of a duplex request (`FrontendService.stream`)."""
     encoder = make_encoder(req.fmt, req.sample_rate, bit_rate=req.bit_rate, streaming=req.synthesis.stream)
     try:
         refs.get(req.synthesis.voice_id)  # 400/404 in the API's words
-        chunks = service.stream(req.synthesis, req.surface, received, cancelled)
+        chunks = service.stream(req.synthesis, req.surface, received, cancelled, text)
         out = OutputAudio(service.sample_rate, req.sample_rate, req.volume)
         hold, held = max(1, round(HOLD_SECONDS * req.sample_rate)), np.zeros(0, np.float32)
         try:

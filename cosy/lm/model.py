@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from cosy.lm.config import LMConfig, read_lm_config
-from cosy.lm.prompt import build_prompt_embeds, tables_of
+from cosy.lm.prompt import build_prompt_embeds, embed_segments, tables_of
 from cosy.lm.qwen2 import KVCache, Linear, Qwen2Encoder, RotaryTable
 from cosy.lm.sampling import SamplingParams, ras_sample
 from cosy.model.family import ModelFamily
@@ -89,14 +89,23 @@ class SpeechLM(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.llm_decoder.weight.dtype
 
+    @property
+    def tables(self) -> dict[str, Tensor]:
+        """The embedding tables by name (`cosy.lm.prompt.TABLES`)."""
+        tables = {"embed_tokens": self.llm.model.model.embed_tokens.weight,
+                  "speech_embedding": self.speech_embedding.weight}
+        if hasattr(self, "llm_embedding"):  # CosyVoice2 only
+            tables["llm_embedding"] = self.llm_embedding.weight
+        return tables
+
+    def segments(self, segments) -> Tensor:
+        """(1, L, H) of `cosy.lm.bistream.Segment`s (see `cosy.lm.prompt.embed_segments`)."""
+        return embed_segments(self.tables, self.family, segments)
+
     def prompt_embeds(self, text_ids: Sequence[int] | Tensor, prompt_text_ids: Sequence[int] | Tensor = (),
                       prompt_speech_tokens: Sequence[int] | Tensor = ()) -> Tensor:
         """(1, 2 + len(prompt_text) + len(text) + len(prompt_speech), H) prompt in the model dtype/device."""
-        tables = {"embed_tokens": self.llm.model.model.embed_tokens.weight,
-                  "speech_embedding": self.speech_embedding.weight}
-        if hasattr(self, "llm_embedding"):
-            tables["llm_embedding"] = self.llm_embedding.weight
-        return build_prompt_embeds(tables, self.family, text_ids, prompt_text_ids, prompt_speech_tokens)
+        return build_prompt_embeds(self.tables, self.family, text_ids, prompt_text_ids, prompt_speech_tokens)
 
     def length_limits(self, n_text_tokens: int) -> tuple[int, int]:
         """(min_len, max_len) of the output for a target text of n tokens (prompt text not counted)."""

@@ -95,10 +95,18 @@ class BackendPool:
 
     def generate(self, prompt_embeds: Tensor, min_len: int, max_len: int, seed: int | None = None,
                  params: SamplingParams | None = None) -> Iterator[int]:
+        return self._stream(lambda b: b.generate(prompt_embeds, min_len, max_len, seed=seed, params=params))
+
+    def complete(self, *args, **kwargs) -> Iterator[int]:
+        """`RemoteLM.complete` on the least loaded live backend (a continued decode sends its whole prefix,
+        so each call may go to another backend)."""
+        return self._stream(lambda b: b.complete(*args, **kwargs))
+
+    def _stream(self, call) -> Iterator[int]:
         tried: set[int] = set()
         while (b := self._pick(tried)) is not None:
             tried.add(id(b))
-            tokens = b.generate(prompt_embeds, min_len, max_len, seed=seed, params=params)
+            tokens = call(b)
             produced = 0
             try:
                 for token in tokens:

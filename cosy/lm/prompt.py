@@ -49,6 +49,23 @@ def build_prompt_embeds(tables: dict[str, Tensor], family: ModelFamily, text_ids
                       tables[task.table][task.row:task.row + 1], tables["speech_embedding"][speech]]).unsqueeze(0)
 
 
+@torch.no_grad()
+def embed_segments(tables: dict[str, Tensor], family: ModelFamily, segments) -> Tensor:
+    """`cosy.lm.bistream.Segment`s -> (1, sum of their lengths, H): sos / task_id rows, embed_tokens of
+    (prompt) text ids, speech_embedding of (prompt) speech ids."""
+    embed_tokens, speech = tables["embed_tokens"], tables["speech_embedding"]
+    dev, rows = embed_tokens.device, []
+    for seg in segments:
+        if seg.kind in ("sos", "task_id"):
+            row = family.sos if seg.kind == "sos" else family.task_id
+            rows.append(tables[row.table][row.row:row.row + 1])
+        elif seg.kind in ("prompt_text", "text"):
+            rows.append(embed_tokens[ids_tensor(seg.ids, embed_tokens.size(0), seg.kind, dev)])
+        else:
+            rows.append(speech[ids_tensor(seg.ids, speech.size(0), seg.kind, dev)])
+    return torch.cat(rows).unsqueeze(0)
+
+
 class PromptEmbedder:
     """The embedding tables of llm.pt, memory-mapped: rows are read only when a prompt uses them."""
 
@@ -70,6 +87,10 @@ class PromptEmbedder:
     @property
     def hidden_size(self) -> int:
         return self.tables["embed_tokens"].size(1)
+
+    def segments(self, segments) -> Tensor:
+        """(1, L, H) of `cosy.lm.bistream.Segment`s (see `embed_segments`)."""
+        return embed_segments(self.tables, self.family, segments)
 
     def __call__(self, text_ids: Sequence[int] | Tensor, prompt_text_ids: Sequence[int] | Tensor = (),
                  prompt_speech_tokens: Sequence[int] | Tensor = ()) -> Tensor:

@@ -102,19 +102,26 @@ class RemoteLM:
                                f"frontend's llm.pt is {self.model}: start the backend on the same model "
                                "directory (a different or fine-tuned llm.pt would give wrong speech)")
 
-    def _request(self, prompt_embeds: Tensor, min_len: int, max_len: int, seed: int, p: SamplingParams):
+    def _request(self, prompt_embeds: Tensor, min_len: int, max_len: int, seed: int, p: SamplingParams,
+                 stop: list[int] | None = None, history: list[int] | None = None, logprobs: bool = False):
         xargs = {"cosy_min_len": int(min_len), "cosy_ras": 0 if p.greedy else 1, "cosy_top_p": float(p.top_p),
                  "cosy_top_k": int(p.top_k), "cosy_win": int(p.win_size), "cosy_tau": float(p.tau_r)}
-        stop = [] if p.ignore_stop else list(self.tokens.stop)
+        if history and not p.greedy:  # RAS window of a continued decode (cosy.lm.bistream)
+            xargs["cosy_history"] = [int(t) for t in history[-p.win_size:]] if p.win_size > 0 else []
+        if stop is None:
+            stop = [] if p.ignore_stop else list(self.tokens.stop)
         if p.ignore_stop:
             xargs["cosy_ignore_stop"] = 1
+        extra = {"prompt_embeds": encode_prompt_embeds(prompt_embeds), "return_token_ids": True,
+                 "stop_token_ids": stop, "ignore_eos": p.ignore_stop, "top_k": -1, "vllm_xargs": xargs}
+        if logprobs:  # the backend has no tokenizer: log-probs come keyed by "token_id:N"
+            extra["return_tokens_as_token_ids"] = True
         # plain sampling: the backend's logits processor already turned the row into the RAS distribution
         return self.client.completions.create(
             model=self.model, prompt=None, max_tokens=int(max_len), temperature=0.0 if p.greedy else 1.0,
-            top_p=1.0, stream=True, seed=int(seed),
+            top_p=1.0, stream=True, seed=int(seed), logprobs=1 if logprobs else None,
             timeout=httpx.Timeout(self.stall_timeout, connect=self.connect_timeout),  # per read: between tokens
-            extra_body={"prompt_embeds": encode_prompt_embeds(prompt_embeds), "return_token_ids": True,
-                        "stop_token_ids": stop, "ignore_eos": p.ignore_stop, "top_k": -1, "vllm_xargs": xargs})
+            extra_body=extra)
 
     def _open(self, *args) -> object:
         """Start the request, retrying connection failures and 5xx answers before anything streamed."""
@@ -148,22 +155,35 @@ class RemoteLM:
         """Yield speech tokens as the backend streams them (never a stop token). Closing the iterator
         closes the HTTP stream, which aborts the request on the backend."""
         p = params or self.sampling
+        for token in self.complete(prompt_embeds, max_len, min_len, None, seed, p):
+            if token in self.tokens.stop and not p.ignore_stop:
+                return
+            yield token
+
+    def complete(self, prompt_embeds: Tensor, max_new: int, min_len: int = 0, stop: list[int] | None = None,
+                 seed: int | None = None, params: SamplingParams | None = None, history: list[int] | None = None,
+                 logps: list[float] | None = None) -> Iterator[int]:
+        """Yield up to max_new tokens continuing `prompt_embeds` (1, L, H), the one of `stop` (default: the
+        family's stop ids) that ended the answer included. `history`: outputs before this prompt's end, the
+        RAS window of a continued decode; `logps`: filled with each token's log-prob (log_softmax of the
+        raw logits). Closing the iterator aborts the request on the backend."""
+        p = params or self.sampling
         seed = seed if seed is not None else int(torch.randint(0, 2**31 - 1, (1,)).item())
-        stream = self._open(prompt_embeds, min_len, max_len, seed, p)
+        stream = self._open(prompt_embeds, min_len, max_new, seed, p, stop, history, logps is not None)
         produced, finish = 0, None
-        vocab, stop = self.tokens.vocab, self.tokens.stop
+        vocab = self.tokens.vocab
         try:
             for chunk in stream:
                 if not chunk.choices:
                     continue
                 choice = chunk.choices[0]
                 finish = choice.finish_reason or finish
+                if logps is not None and choice.logprobs is not None:
+                    logps.extend(choice.logprobs.token_logprobs or [])
                 for token in getattr(choice, "token_ids", None) or []:  # usually one per chunk, sometimes more
                     if not isinstance(token, int) or not 0 <= token < vocab:
                         raise BackendError(f"the LM backend at {self.base_url} returned an invalid speech token "
                                            f"{token!r}: is it serving a {self.family.name} model?")
-                    if token in stop and not p.ignore_stop:
-                        return
                     produced += 1
                     yield token
             if finish not in ("stop", "length"):  # the server went away (or aborted us) mid-request

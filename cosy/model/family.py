@@ -121,6 +121,8 @@ class ModelFamily:
     min_token_text_ratio: float = 2
     max_token_text_ratio: float = 20
     token_frame_rate: int = 25  # speech tokens per second of audio
+    # text-in streaming ("bistream", cosy.lm.bistream): text tokens, then speech tokens, per block
+    mix_ratio: tuple[int, int] = (5, 15)
     # implementations, "module:attribute"
     lm: str = "cosy.lm.model:SpeechLM"
     flow: str = "cosy.flow.model:FlowModel"

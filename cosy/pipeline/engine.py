@@ -16,12 +16,14 @@ import hashlib
 import logging
 import random
 from pathlib import Path
-from typing import Iterator, Protocol
+from typing import Iterable, Iterator, Protocol
 
 import torch
 from torch import Tensor
 
 from cosy.audio.io import load_prompt_wav
+from cosy.lm.bistream import decode as bistream_decode
+from cosy.lm.bistream_steps import EmbeddedSteps, RemoteSteps
 from cosy.lm.export import llm_fingerprint, served_model_name
 from cosy.lm.prompt import PromptEmbedder
 from cosy.lm.sampling import SamplingParams
@@ -36,7 +38,8 @@ from cosy.pipeline.token2wav import FlowPrompt, Token2Wav, load_token2wav
 from cosy.prompt.encoder import PromptFeatures, VoicePromptEncoder
 from cosy.speech.scheduler import Batch
 from cosy.text.frontend import TextFrontend
-from cosy.text.tokenizer import TextTokenizer
+from cosy.text.stream import stream_pieces
+from cosy.text.tokenizer import ENDOFPROMPT_ID, TextTokenizer
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +128,39 @@ class Engine:
             tokens = drop_long_silence(self.lm.generate(embeds, min_len, max_len, seed=seed + i, params=params),
                                        self.family.tokens)
             yield from self._token2wav(tokens, flow_prompt, req, seed + i)
+
+    def synthesize_duplex(self, req: SynthesisRequest, pieces: Iterable[str]) -> Iterator[Tensor]:
+        """Yield (N,) float32 audio chunks while text pieces arrive (`pieces` may block, e.g. a queue):
+        the text is normalized as it streams (`cosy.text.stream`), the LM decodes with the official
+        bistream rules (`cosy.lm.bistream`), and one streaming token2wav (one voice, one chunk schedule)
+        makes the audio of the whole utterance. `req.text` is ignored (`req.duplex` must be set)."""
+        req.check()
+        if not req.duplex:
+            raise SynthesisError("synthesize_duplex needs a duplex request")
+        seed = req.seed if req.seed is not None else random.randrange(2**31)
+        features = self._features(req)
+        key = _voice_key(features) if req.voice is not None else None
+        flow_prompt = FlowPrompt(features.speech_tokens, features.mel, features.embedding, key)
+        prompt_text_ids, prompt_speech = self._lm_prompt(req, features)
+        steps = self._bistream_steps(req, seed)
+        tokens = bistream_decode(self._streamed_ids(pieces), prompt_text_ids, prompt_speech, steps, self.family)
+        yield from self._token2wav(tokens, flow_prompt, dataclasses.replace(req, stream=True), seed)
+
+    def _streamed_ids(self, pieces: Iterable[str]) -> Iterator[list[int]]:
+        """Text ids of each normalized piece; SynthesisError at the end if nothing speakable came."""
+        n = 0
+        for text in stream_pieces(self.text, pieces):
+            ids = self.text.encode(text)
+            n += len(ids)
+            yield ids
+        if n == 0:
+            raise SynthesisError("the text is empty: nothing to speak arrived before its end")
+
+    def _bistream_steps(self, req: SynthesisRequest, seed: int):
+        params = dataclasses.replace(self.lm.sampling, greedy=True) if req.greedy else self.lm.sampling
+        if hasattr(self.lm, "complete"):  # the LM backends: one completion request per segment
+            return RemoteSteps(self.lm, self._prompt_embeds.segments, params, seed)
+        return EmbeddedSteps(getattr(self.lm, "lm", self.lm), params, seed)  # (unwrapped from a worker's cancel check)
 
     def _features(self, req: SynthesisRequest) -> PromptFeatures:
         if req.voice is not None:  # a saved voice's stored features serve every mode

@@ -68,6 +68,7 @@ class SynthesisRequest:
     speed: float = 1.0
     seed: int | None = None
     greedy: bool = False  # argmax decoding instead of RAS (comparisons between LM engines)
+    duplex: bool = False  # the text arrives in pieces while audio streams out (`Engine.synthesize_duplex`)
 
     def check(self) -> "SynthesisRequest":
         """Raise SynthesisError naming the first field that breaks a rule; returns self."""
@@ -80,7 +81,9 @@ class SynthesisRequest:
             check_text(getattr(self, name), name, limit, required=False)
         check_speed(self.speed)
         check_seed(self.seed)
-        if self.mode != "vc":
+        if self.mode == "vc" and self.duplex:
+            raise SynthesisError("mode 'vc' has no text to stream")
+        if self.mode != "vc" and not self.duplex:  # duplex: the pieces are checked as they arrive
             check_text(self.text, "text", MAX_TEXT_CHARS)
         return self
 

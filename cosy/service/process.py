@@ -1,7 +1,8 @@
 """What runs inside one synthesis worker process: the engine, and the loop that answers the pool's messages.
 
 Messages from the pool (`cosy.service.workers.WorkerPool`) over a Pipe: `(job_id, kind, payload)` starts a
-job, `("cancel", job_id)` cancels one, `None` ends the process. Answers: `("ready", sample_rate)` or
+job, `("text", job_id, piece)` brings a "duplex" job its next text piece (None: the text ended),
+`("cancel", job_id)` cancels one, `None` ends the process. Answers: `("ready", sample_rate)` or
 `("failed", why)` once at start, then `("chunk"|"result"|"done"|"error", job_id, data)`. At max_batch 1 the
 worker runs one job at a time here; above, `cosy.speech.worker.serve` holds many.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+from collections import deque
 from dataclasses import dataclass, field
 
 from cosy.errors import Cancelled, JobError
@@ -91,10 +93,15 @@ class _CancellableLM:
         self.lm, self.cancel, self.interrupt = lm, cancel, interrupt
 
     def __getattr__(self, name):
-        return getattr(self.lm, name)
+        attr = getattr(self.lm, name)
+        if name == "complete":  # a remote LM's continued decode (duplex): guarded like generate
+            return lambda *args, **kwargs: self._guarded(attr(*args, **kwargs))
+        return attr
 
     def generate(self, *args, **kwargs):
-        tokens = self.lm.generate(*args, **kwargs)
+        return self._guarded(self.lm.generate(*args, **kwargs))
+
+    def _guarded(self, tokens):
         it, armed = self.interrupt, False
         try:
             while True:
@@ -118,6 +125,47 @@ class _CancellableLM:
             finally:
                 if it is not None:
                     it.armed = armed
+
+
+class TextInbox:
+    """The text pieces of the running duplex job (max_batch 1), read from the pipe when the LM needs the
+    next one; a cancel seen meanwhile ends the job. The interrupt is disarmed while it reads (a signal must
+    not tear a message half read: the cancel message that follows the signal ends the wait)."""
+
+    def __init__(self, conn, job_id: int, interrupt: _Interrupt | None = None):
+        self.conn, self.job_id, self.interrupt = conn, job_id, interrupt
+        self.queued: deque = deque()
+        self.cancelled = False
+
+    def _recv(self):
+        it = self.interrupt
+        if it is None:
+            return self.conn.recv()
+        armed, it.armed = it.armed, False
+        try:
+            return self.conn.recv()
+        finally:
+            it.armed = armed
+
+    def take(self, msg) -> None:
+        """A message that arrived while the job runs."""
+        if msg is None:
+            raise EOFError
+        if msg[0] == "text" and msg[1] == self.job_id:
+            self.queued.append(msg[2])
+        elif msg == ("cancel", self.job_id):
+            self.cancelled = True
+
+    def pieces(self):
+        while True:
+            while not self.queued:
+                if self.cancelled:
+                    raise Cancelled("cancelled")
+                self.take(self._recv())
+            piece = self.queued.popleft()
+            if piece is None:
+                return
+            yield piece
 
 
 def worker_main(spec: EngineSpec, conn, cancel=None, health=None, prepare=None) -> None:
@@ -166,28 +214,35 @@ def _serve(spec: EngineSpec, conn, cancel, health, prepare) -> None:
         conn.send(("ready", engine.sample_rate))
         serve(engine, conn)
         return
+    interrupt = None
     if cancel is not None:
         interrupt = _Interrupt(cancel)
         if INTERRUPT is not None:
             signal.signal(INTERRUPT, interrupt.handler)
         engine.lm = _CancellableLM(engine.lm, cancel, interrupt)
         engine.synthesize = interrupt.synthesize(engine.synthesize)
+        engine.synthesize_duplex = interrupt.synthesize(engine.synthesize_duplex)
     conn.send(("ready", engine.sample_rate))
     while (msg := conn.recv()) is not None:
-        if msg[0] == "cancel":  # for a job that has finished meanwhile
+        if msg[0] in ("cancel", "text"):  # for a job that has finished meanwhile
             continue
         job_id, kind, payload = msg
         try:
             if kind == "features":
                 conn.send(("result", job_id, engine.prompt_features(payload["source"]).to_arrays()))
             else:
-                chunks = engine.synthesize(SynthesisRequest.from_wire(payload))
+                inbox = TextInbox(conn, job_id, interrupt)
+                req = SynthesisRequest.from_wire(payload)
+                chunks = (engine.synthesize_duplex(req, inbox.pieces()) if kind == "duplex"
+                          else engine.synthesize(req))
                 try:
                     for chunk in chunks:
                         if cancel is not None and cancel.is_set():
                             break
                         conn.send(("chunk", job_id, chunk.numpy()))
-                        if conn.poll() and conn.recv() == ("cancel", job_id):
+                        while conn.poll() and not inbox.cancelled:  # text pieces wait in the inbox
+                            inbox.take(conn.recv())
+                        if inbox.cancelled:
                             break
                 finally:
                     chunks.close()

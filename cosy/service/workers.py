@@ -49,6 +49,7 @@ class Job:
     out: queue.Queue = field(default_factory=queue.Queue)  # ("chunk"|"result"|"done"|"error", data)
     cancelled: threading.Event = field(default_factory=threading.Event)
     submitted: float = field(default_factory=time.monotonic)
+    text: queue.Queue | None = None  # "duplex": text pieces for the worker, None ends the text
 
 
 class WorkerPool:
@@ -141,6 +142,8 @@ class WorkerPool:
                     cancel.clear()  # max_batch 1: the event speaks of the one running job
                     conn.send((job.id, job.kind, job.payload))
                 for job_id, (job, _) in live.items():
+                    while job.text is not None and job_id not in cancel_sent and not job.text.empty():
+                        conn.send(("text", job_id, job.text.get_nowait()))
                     if job.cancelled.is_set() and job_id not in cancel_sent:
                         if self.max_batch == 1:
                             cancel.set()  # seen by the worker inside the LM, between tokens
@@ -187,10 +190,11 @@ class WorkerPool:
             self._busy -= 1
             self._job_seconds = 0.8 * self._job_seconds + 0.2 * (time.monotonic() - started)
 
-    def submit(self, kind: str, payload: dict, cancelled: threading.Event | None = None) -> Job:
+    def submit(self, kind: str, payload: dict, cancelled: threading.Event | None = None,
+               text: queue.Queue | None = None) -> Job:
         """Queue a job; QueueFull at once when `max_queue` jobs already wait. `cancelled`: the caller's own
         event (set it to cancel the job; `cancel(job)` does that and frees the queue place at once)."""
-        job = Job(next(self._ids), kind, payload)
+        job = Job(next(self._ids), kind, payload, text=text)
         if cancelled is not None:
             job.cancelled = cancelled
         with self._ready:
@@ -236,6 +240,14 @@ class WorkerPool:
         """Queue a synthesis; yield (N,) float32 chunks at `sample_rate` (QueueFull at once when full).
         Closing the iterator, or setting `cancelled`, cancels the job (`Cancelled` is raised to a reader)."""
         job = self.submit("synthesize", request.to_wire(), cancelled)
+        for _, chunk in self._results(job):
+            yield chunk
+
+    def synthesize_duplex(self, request: SynthesisRequest, text: queue.Queue,
+                          cancelled: threading.Event | None = None) -> Iterator[np.ndarray]:
+        """`synthesize` of a duplex request (`request.duplex`): the caller puts text pieces (str) into
+        `text` while audio comes out, then None to end the text (`Engine.synthesize_duplex` in a worker)."""
+        job = self.submit("duplex", request.to_wire(), cancelled, text)
         for _, chunk in self._results(job):
             yield chunk
 

@@ -39,7 +39,8 @@ def serve(engine, conn) -> None:
                 if not r.cancelled.is_set():
                     send(("result", r.id, result))
             else:
-                chunks = engine.synthesize(SynthesisRequest.from_wire(r.payload))
+                req = SynthesisRequest.from_wire(r.payload)
+                chunks = engine.synthesize_duplex(req, r.pieces()) if r.kind == "duplex" else engine.synthesize(req)
                 for chunk in chunks:
                     if r.cancelled.is_set():
                         break
@@ -62,6 +63,10 @@ def serve(engine, conn) -> None:
 
     try:
         while (msg := conn.recv()) is not None:
+            if msg[0] == "text":
+                if (r := live.get(msg[1])) is not None:
+                    r.text.put(msg[2])
+                continue
             if msg[0] == "cancel":
                 r = live.get(msg[1])
                 if r is not None:

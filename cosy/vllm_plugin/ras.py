@@ -15,6 +15,8 @@ A request opts in through `SamplingParams.extra_args` (the client sends `extra_b
     cosy_top_p, cosy_top_k, cosy_win, cosy_tau: RAS parameters (default: `SamplingParams`' defaults).
     cosy_ignore_stop 0/1  1: 6561..6563 are -inf at every step (benchmarks with fixed token counts, like
                        the in-process `SamplingParams.ignore_stop`).
+    cosy_history  [int]  outputs that precede this request's own (a continued decode: `cosy.lm.bistream` sends
+                       one request per segment): the RAS window starts with them (at most 4096 ids).
 Requests without cosy_* keys are left untouched. The processor is not argmax-invariant, so vLLM applies it
 before greedy argmax too: greedy (temperature 0) requests get the min_len mask.
 
@@ -47,7 +49,9 @@ from cosy.model import families
 from cosy.model.family import ModelFamily, SpeechTokens
 
 PREFIX = "cosy_"
-KEYS = ("cosy_min_len", "cosy_ras", "cosy_top_p", "cosy_top_k", "cosy_win", "cosy_tau", "cosy_ignore_stop")
+KEYS = ("cosy_min_len", "cosy_ras", "cosy_top_p", "cosy_top_k", "cosy_win", "cosy_tau", "cosy_ignore_stop",
+        "cosy_history")
+MAX_HISTORY = 4096
 
 
 @dataclass
@@ -57,6 +61,7 @@ class CosyRequest:
     min_len: int
     ras: SamplingParams | None  # None: only the min_len mask
     ignore_stop: bool = False
+    prefix: list[int] = field(default_factory=list)  # cosy_history: outputs before this request's own
     slot: int = -1  # row of CosyLogitsProcessor.history (RAS requests)
     seen: int = field(default=0, repr=False)  # outputs already copied into the history
     fresh: bool = field(default=True, repr=False)  # its history row must be cleared first
@@ -72,9 +77,17 @@ def _number(args: dict, key: str, kind: type, default, lo: float, hi: float = fl
     return kind(value)
 
 
-def parse_request(params: VllmSamplingParams) -> tuple[int, SamplingParams | None, bool] | None:
-    """(min_len, RAS params or None, ignore_stop) of a request, None without cosy_* keys; ValueError on
-    bad values."""
+def _history(args: dict) -> list[int]:
+    value = args.get("cosy_history", [])
+    if (not isinstance(value, list) or len(value) > MAX_HISTORY
+            or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value)):
+        raise ValueError(f"vllm_xargs.cosy_history must be a list of at most {MAX_HISTORY} token ids")
+    return value
+
+
+def parse_request(params: VllmSamplingParams) -> tuple[int, SamplingParams | None, bool, list[int]] | None:
+    """(min_len, RAS params or None, ignore_stop, history prefix) of a request, None without cosy_* keys;
+    ValueError on bad values."""
     args = params.extra_args or {}
     ours = {k: v for k, v in args.items() if isinstance(k, str) and k.startswith(PREFIX)}
     if not ours:
@@ -86,8 +99,9 @@ def parse_request(params: VllmSamplingParams) -> tuple[int, SamplingParams | Non
         if isinstance(ours.get(flag), bool):  # JSON true/false
             ours[flag] = int(ours[flag])
     ignore_stop = bool(_number(ours, "cosy_ignore_stop", int, 0, 0, 1))
+    history = _history(ours)
     if not _number(ours, "cosy_ras", int, 0, 0, 1):
-        return min_len, None, ignore_stop
+        return min_len, None, ignore_stop, history
     d = SamplingParams()
     ras = SamplingParams(top_p=_number(ours, "cosy_top_p", float, d.top_p, 0.0, 1.0),
                          top_k=_number(ours, "cosy_top_k", int, d.top_k, 1),
@@ -102,7 +116,7 @@ def parse_request(params: VllmSamplingParams) -> tuple[int, SamplingParams | Non
     if not plain:
         raise ValueError("cosy_ras=1 needs plain sampling: temperature 1, top_p 1, top_k -1, min_p 0 and no "
                          "penalties (the RAS distribution already includes top-p/top-k)")
-    return min_len, ras, ignore_stop
+    return min_len, ras, ignore_stop, history
 
 
 def ras_logprobs(logits: Tensor, history: list[int], p: SamplingParams, mask_eos: bool, *,
@@ -226,14 +240,15 @@ class CosyLogitsProcessor(LogitsProcessor):
         flags = [len(r.output) < r.min_len for r in plain] + [len(r.output) < r.min_len for r in ras]
         clear, slots, pos, toks = [], [], [], []
         for r in ras:
-            n, win = len(r.output), r.ras.win_size
+            k = len(r.prefix)  # the history is prefix + output, positions counted over both
+            n, win = k + len(r.output), r.ras.win_size
             if r.fresh or n < r.seen:  # new slot, or vLLM rewrote the list: rebuild the row
                 clear.append(r.slot)
                 r.fresh, r.seen = False, 0
             for i in range(max(r.seen, n - win), n) if win > 0 else ():
                 slots.append(r.slot)
                 pos.append(i % win)
-                toks.append(r.output[i])
+                toks.append(r.prefix[i] if i < k else r.output[i - k])
             r.seen = n
         host = torch.tensor(flags + clear + slots + pos + toks, dtype=torch.int64)
         data = host.pin_memory().to(self.device, non_blocking=True) if self.pin else host.to(self.device)
@@ -273,7 +288,8 @@ class CosyLogitsProcessor(LogitsProcessor):
                 logits[row, self.stop] = float("-inf")
             mask_eos = len(req.output) < req.min_len
             if req.ras is not None:
-                logits[row] = ras_logprobs(logits[row], req.output, req.ras, mask_eos, tokens=self.tokens)
+                logits[row] = ras_logprobs(logits[row], req.prefix + list(req.output), req.ras, mask_eos,
+                                           tokens=self.tokens)
             elif mask_eos:
                 logits[row, self.tokens.min_len_mask] = float("-inf")
         return logits

@@ -1,0 +1,116 @@
+"""`ws://HOST:PORT/v1/audio/speech/stream`: a light session protocol for OpenAI-style clients, text in while audio
+streams out, with the fields of `POST /v1/audio/speech` (`cosy.frontend.openai_api`).
+
+Client -> server (JSON text messages):
+    {"type": "session.config", "voice": "<reference audio / saved voice id>", "instructions": "",
+     "response_format": "mp3" | "opus" | "aac" | "flac" | "wav" | "pcm", "speed": 1.0, "seed": null}
+    {"type": "input.text", "delta": "<more text>"}          any number
+    {"type": "input.done"}
+Server -> client:
+    {"type": "session.created", "session_id", "voice", "response_format", "sample_rate"}
+    {"type": "speech.audio.delta", "session_id", "audio": "<base64 of the next bytes of the file>"}
+    {"type": "speech.audio.done", "session_id", "usage": {"input_tokens" (characters), "output_tokens" (speech
+     tokens at 25 Hz), "total_tokens"}}
+    {"type": "error", "session_id", "error": {"code", "message"}}
+One utterance per session.config; after speech.audio.done (or an error) the next session.config starts another.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from cosy.frontend.encoding import FORMATS
+from cosy.frontend.speech_stream import SpeechRequest
+from cosy.frontend.ws_params import Dialect, TaskParams, _validated
+from cosy.frontend.ws_tasks import Task, TaskFailed, TaskSession
+from cosy.pipeline.request import SEED_RANGE, SPEED_RANGE, SynthesisRequest
+
+
+class SessionConfig(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    voice: str = Field(min_length=1)
+    instructions: str = ""
+    response_format: Literal[FORMATS] = "mp3"
+    speed: float = Field(1.0, ge=0.25, le=4.0)  # clamped to what the engine does, as the HTTP API
+    seed: int | None = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
+
+
+class OpenAIDialect(Dialect):
+    name = "openai"
+
+    def __init__(self, sample_rate: int):
+        self.sample_rate = sample_rate
+
+    def parse(self, payload: dict) -> TaskParams:
+        c = _validated(SessionConfig, {"parameters": payload}, "")
+        instruct = c.instructions.strip()
+        speed = min(max(c.speed, SPEED_RANGE[0]), SPEED_RANGE[1])
+        synthesis = SynthesisRequest(mode="instruct" if instruct else "voice", voice_id=c.voice,
+                                     instruct_text=instruct, speed=speed, seed=c.seed, stream=True, duplex=True)
+        speech = SpeechRequest(synthesis, "openai", fmt=c.response_format, sample_rate=self.sample_rate)
+        return TaskParams(speech, False)
+
+
+class OpenAISession(TaskSession):
+    async def handle(self, msg: dict) -> None:
+        sid = self.task.id if self.task else ""
+        if msg.get("text") is None:
+            raise TaskFailed("invalid_message", "binary frames are not accepted: send JSON text messages", sid)
+        try:
+            body = json.loads(msg["text"])
+            kind = body["type"]
+        except (ValueError, KeyError, TypeError):
+            raise TaskFailed("invalid_message", 'a message must be JSON {"type": "session.config" | "input.text" | '
+                             '"input.done", ...}', sid) from None
+        if kind == "session.config":
+            if self.task is not None:
+                raise TaskFailed("session_busy", f"session {sid} is still speaking: wait for speech.audio.done",
+                                 sid)
+            await self.start_task(uuid.uuid4().hex, lambda: self.dialect.parse(body))
+        elif kind in ("input.text", "input.done"):
+            task = self.task
+            if task is None or task.finished:
+                raise TaskFailed("no_session", f"{kind} without a session: send session.config first"
+                                 if task is None else f"{kind} after input.done", sid)
+            if kind == "input.done":
+                task.finished = True
+                task.text.put(None)
+            elif not isinstance(body.get("delta"), str):
+                raise TaskFailed("invalid_parameter", "input.text needs delta (a string)", sid)
+            else:
+                self.add_text(task, body["delta"])
+        else:
+            raise TaskFailed("invalid_message", f"unknown type {kind!r}: use session.config, input.text or "
+                             "input.done", sid)
+
+    async def started(self, task: Task) -> None:
+        s = task.params.speech
+        await self.send(json.dumps({"type": "session.created", "session_id": task.id, "voice": s.synthesis.voice_id,
+                                    "response_format": s.fmt, "sample_rate": s.sample_rate}))
+
+    async def audio(self, task: Task, data: bytes, metrics: dict) -> None:
+        task.seconds += metrics["speech_len"]
+        await self.send(json.dumps({"type": "speech.audio.delta", "session_id": task.id,
+                                    "audio": base64.b64encode(data).decode("ascii")}))
+
+    async def finished(self, task: Task) -> None:
+        out = round(task.seconds * self.service.family.token_frame_rate)
+        await self.send(json.dumps({"type": "speech.audio.done", "session_id": task.id,
+                                    "usage": {"input_tokens": task.characters, "output_tokens": out,
+                                              "total_tokens": task.characters + out}}))
+
+    async def fail(self, code: str, message: str, task_id: str = "") -> None:
+        await self.send(json.dumps({"type": "error", "session_id": task_id,
+                                    "error": {"code": _CODES.get(code, code), "message": message}}))
+
+
+# the task protocol's codes in OpenAI's snake_case
+_CODES = {"InvalidParameter": "invalid_parameter", "InvalidMessage": "invalid_message", "InvalidTask": "no_session",
+          "NotFound": "not_found", "IdleTimeout": "idle_timeout", "Throttling": "rate_limited",
+          "ServiceUnavailable": "unavailable", "InternalError": "internal_error", "Unauthorized": "unauthorized"}
+
+__all__ = ["OpenAIDialect", "OpenAISession", "SessionConfig"]

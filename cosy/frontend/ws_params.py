@@ -1,0 +1,95 @@
+"""The run-task parameters of the WebSocket task protocol (`cosy.frontend.ws_tasks`), per dialect.
+
+PAI (`/api-ws/v1/audio/speech`), as its HTTP speech API (`cosy.frontend.pai_api`): mode
+(fast_replication | cross_lingual_replication | natural_language_replication), reference_audio_id, instruct,
+output_format (wav), sample_rate (24000), bit_rate ("192k"), volume (1.0), speed (1.0), debug, seed; and ours:
+`binary_audio` (false: base64 in result-generated; true: each piece of audio as a binary frame, then its
+result-generated without audio).
+DashScope (`/api-ws/v1/inference`, its SDK's SpeechSynthesizer): voice (a reference audio / saved voice id;
+spoken with its stored transcript, PAI's fast_replication), format (mp3), sample_rate (22050), volume
+0-100 (50 = unchanged), rate 0.5-2 (speed), seed; audio always as binary frames. Other keys (pitch,
+text_type, type, bit_rate) are ignored; format "Default" and sample_rate 0 (the SDK's AudioFormat.DEFAULT)
+mean mp3 at 22050 Hz.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from cosy.errors import BadRequest
+from cosy.frontend.encoding import FORMATS
+from cosy.frontend.pai_api import DEFAULT_BIT_RATE, MODES, PaiOptions, parse_bit_rate
+from cosy.frontend.speech_stream import SpeechRequest
+from cosy.pipeline.request import SAMPLE_RATE_RANGE, SEED_RANGE, SPEED_RANGE, SynthesisRequest
+
+
+@dataclass
+class TaskParams:
+    speech: SpeechRequest
+    binary: bool  # audio as binary frames
+
+
+class PaiTaskParameters(PaiOptions):
+    mode: Literal["fast_replication", "cross_lingual_replication", "natural_language_replication"]
+    reference_audio_id: str = Field(min_length=1)
+    instruct: str = ""
+    binary_audio: bool = False
+
+
+class DashScopeParameters(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    voice: str = Field(min_length=1)
+    format: Literal[FORMATS + ("Default", "default")] = "mp3"  # the SDK's AudioFormat.DEFAULT sends "Default"
+    sample_rate: int = Field(22050, description="0 (the SDK's default): 22050")
+    volume: int = Field(50, ge=0, le=100)
+    rate: float = Field(1.0, ge=SPEED_RANGE[0], le=SPEED_RANGE[1])
+    seed: int | None = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
+
+
+def _validated(model: type[BaseModel], payload: dict, prefix: str = "parameters.") -> BaseModel:
+    params = payload.get("parameters")
+    if not isinstance(params, dict):
+        raise BadRequest("run-task needs payload.parameters (an object)")
+    try:
+        return model.model_validate(params)
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(x) for x in err["loc"])
+        raise BadRequest(f"{prefix}{where}: {err['msg']}") from None
+
+
+class Dialect:
+    name = "pai"
+
+    def parse(self, payload: dict) -> TaskParams:
+        p = _validated(PaiTaskParameters, payload)
+        mode = MODES[p.mode]
+        if mode == "instruct" and not p.instruct.strip():
+            raise BadRequest("parameters.instruct is required for natural_language_replication")
+        synthesis = SynthesisRequest(mode=mode, voice_id=p.reference_audio_id, instruct_text=p.instruct,
+                                     speed=p.speed or 1.0, seed=p.seed, stream=True, duplex=True)
+        speech = SpeechRequest(synthesis, "pai", fmt=p.output_format or "wav", sample_rate=p.sample_rate or 24000,
+                               bit_rate=parse_bit_rate(p.bit_rate or DEFAULT_BIT_RATE),
+                               volume=1.0 if p.volume is None else p.volume)
+        return TaskParams(speech, p.binary_audio)
+
+
+class DashScopeDialect(Dialect):
+    name = "dashscope"
+
+    def parse(self, payload: dict) -> TaskParams:
+        p = _validated(DashScopeParameters, payload)
+        fmt = "mp3" if p.format.lower() == "default" else p.format
+        rate = p.sample_rate or 22050
+        if not SAMPLE_RATE_RANGE[0] <= rate <= SAMPLE_RATE_RANGE[1]:
+            raise BadRequest(f"parameters.sample_rate {rate} is out of range ({SAMPLE_RATE_RANGE[0]} to "
+                             f"{SAMPLE_RATE_RANGE[1]})")
+        synthesis = SynthesisRequest(mode="voice", voice_id=p.voice, speed=p.rate, seed=p.seed, stream=True,
+                                     duplex=True)
+        return TaskParams(SpeechRequest(synthesis, "pai", fmt=fmt, sample_rate=rate,
+                                        volume=p.volume / 50), True)
+
+
+__all__ = ["DashScopeDialect", "Dialect", "TaskParams"]

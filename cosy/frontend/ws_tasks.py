@@ -1,0 +1,246 @@
+"""The duplex task protocol over a WebSocket: text streams in while audio streams out.
+
+    ws://HOST:PORT/api-ws/v1/audio/speech   PAI's form (/work/shared/PAI-API.md): parameters mode,
+                                            reference_audio_id, output_format, ...; audio as base64 in JSON
+    ws://HOST:PORT/api-ws/v1/inference      DashScope's form (its SDK's SpeechSynthesizer): parameters voice,
+                                            format, sample_rate, volume 0-100, rate; audio as binary frames
+
+Client messages: `run-task` {header: {action, task_id, streaming: "duplex"}, payload: {task_group, task,
+function, model, parameters, input: {}}}, then any number of `continue-task` (payload.input.text), then
+`finish-task`. Server events (header.event, header.task_id): `task-started`, `result-generated` (the audio,
+payload.metrics), `task-finished` (payload.usage.characters), `task-failed` (header.error_code,
+header.error_message). Tasks run one after another on a connection; a bad message fails the task it names
+(or answers task-failed with an empty task_id) and leaves the connection usable. A client that disconnects
+cancels its task (the LM request is aborted, the worker slot freed). The dialects differ only in how
+parameters are read (`cosy.frontend.ws_params`).
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import queue
+import time
+from contextlib import suppress
+
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from cosy.errors import CosyError
+from cosy.frontend.reference_audio import ReferenceAudios
+from cosy.frontend.service import FrontendService
+from cosy.frontend.speech_stream import _in_thread, _pieces
+from cosy.frontend.ws_params import Dialect, TaskParams
+from cosy.pipeline.request import MAX_TEXT_CHARS
+
+log = logging.getLogger(__name__)
+IDLE_TIMEOUT = 60.0  # seconds without a client message while a task runs (or before the first task)
+
+
+class TaskFailed(Exception):
+    def __init__(self, code: str, message: str, task_id: str = ""):
+        super().__init__(message)
+        self.code, self.message, self.task_id = code, message, task_id
+
+
+def error_code(e: CosyError) -> str:
+    return {400: "InvalidParameter", 401: "Unauthorized", 404: "NotFound", 429: "Throttling",
+            503: "ServiceUnavailable"}.get(e.status, "InternalError")
+
+
+def event(name: str, task_id: str, payload: dict | None = None, **header) -> str:
+    return json.dumps({"header": {"event": name, "task_id": task_id, "attributes": {}, **header},
+                       "payload": payload if payload is not None else {}}, ensure_ascii=False)
+
+
+class Task:
+    """One running task: its text queue (for the worker) and the coroutine that sends its audio."""
+
+    def __init__(self, task_id: str, params: TaskParams):
+        self.id, self.params = task_id, params
+        self.text: queue.Queue = queue.Queue()
+        self.characters = 0
+        self.finished = False  # finish-task seen
+        self.seconds = 0.0  # audio sent
+        self.sender: asyncio.Task | None = None
+
+
+class TaskSession:
+    def __init__(self, ws: WebSocket, service: FrontendService, refs: ReferenceAudios, dialect: Dialect,
+                 idle_timeout: float | None = None):
+        self.ws, self.service, self.refs, self.dialect = ws, service, refs, dialect
+        self.idle_timeout = idle_timeout or getattr(service, "ws_idle_timeout", IDLE_TIMEOUT)
+        self.task: Task | None = None
+        self.lock = asyncio.Lock()
+        self.active = time.monotonic()  # the last client message or audio sent: the idle timer's start
+
+    async def send(self, text: str | None = None, data: bytes | None = None) -> None:
+        async with self.lock:
+            if data is not None:
+                await self.ws.send_bytes(data)
+            else:
+                await self.ws.send_text(text)
+            self.active = time.monotonic()
+
+    async def fail(self, code: str, message: str, task_id: str = "") -> None:
+        await self.send(event("task-failed", task_id, error_code=code, error_message=message))
+
+    async def serve(self) -> None:
+        await self.ws.accept()
+        receive = None
+        try:
+            while True:
+                receive = receive or asyncio.ensure_future(self.ws.receive())
+                await asyncio.wait({receive}, timeout=max(0.0, self.active + self.idle_timeout - time.monotonic()))
+                if receive.done():
+                    msg, receive = receive.result(), None
+                    self.active = time.monotonic()
+                elif time.monotonic() < self.active + self.idle_timeout:
+                    continue  # audio went out meanwhile: the client is not idle
+                else:
+                    receive.cancel()
+                    if self.task is not None:
+                        await self.fail("IdleTimeout", f"no message for {self.idle_timeout:g} s; the task was "
+                                        "cancelled", self.task.id)
+                        await self.stop_task()
+                    await self.ws.close(1000, "idle")
+                    return
+                if msg["type"] == "websocket.disconnect":
+                    return
+                try:
+                    await self.handle(msg)
+                except TaskFailed as e:
+                    if self.task is not None and e.task_id == self.task.id:
+                        await self.stop_task()
+                    await self.fail(e.code, e.message, e.task_id)
+        except WebSocketDisconnect:
+            return
+        finally:
+            if receive is not None:
+                receive.cancel()
+            await self.stop_task()
+
+    async def handle(self, msg: dict) -> None:
+        if msg.get("text") is None:
+            raise TaskFailed("InvalidMessage", "binary frames are not accepted from the client: send JSON text "
+                             "messages (run-task, continue-task, finish-task)", self.task.id if self.task else "")
+        try:
+            body = json.loads(msg["text"])
+            header = body["header"]
+            action, task_id = header["action"], header.get("task_id") or ""
+            payload = body.get("payload") or {}
+        except (ValueError, KeyError, TypeError):
+            raise TaskFailed("InvalidMessage", "a message must be JSON {\"header\": {\"action\", \"task_id\", "
+                             "\"streaming\": \"duplex\"}, \"payload\": {...}}") from None
+        if not isinstance(task_id, str) or not isinstance(payload, dict):
+            raise TaskFailed("InvalidMessage", "header.task_id must be a string and payload an object")
+        if action == "run-task":
+            await self.run_task(task_id, payload)
+        elif action in ("continue-task", "finish-task"):
+            task = self.task
+            if task is None or task.id != task_id:
+                running = f"the running task is {task.id!r}" if task else "no task runs: send run-task first"
+                raise TaskFailed("InvalidTask", f"{action} for task {task_id!r}, but {running}", task_id)
+            if task.finished:
+                raise TaskFailed("InvalidTask", f"{action} after finish-task", task_id)
+            if action == "continue-task":
+                self.continue_text(task, payload)
+            else:
+                task.finished = True
+                task.text.put(None)
+        else:
+            raise TaskFailed("InvalidMessage", f"unknown action {action!r}: use run-task, continue-task or "
+                             "finish-task", task_id)
+
+    def continue_text(self, task: Task, payload: dict) -> None:
+        inp = payload.get("input") if isinstance(payload.get("input"), dict) else {}
+        text = inp.get("text")
+        if text is None and inp.get("flush"):  # DashScope's flush: our text goes to the LM as it comes
+            return
+        if not isinstance(text, str):
+            raise TaskFailed("InvalidParameter", "continue-task needs payload.input.text (a string)", task.id)
+        self.add_text(task, text)
+
+    def add_text(self, task: Task, text: str) -> None:
+        task.characters += len(text)
+        if task.characters > MAX_TEXT_CHARS:
+            raise TaskFailed("InvalidParameter", f"the task's text is {task.characters} characters; the limit is "
+                             f"{MAX_TEXT_CHARS}: start a new task for more", task.id)
+        if text:
+            task.text.put(text)
+
+    async def run_task(self, task_id: str, payload: dict) -> None:
+        if not task_id:
+            raise TaskFailed("InvalidParameter", "run-task needs header.task_id")
+        if self.task is not None:
+            raise TaskFailed("InvalidTask", f"task {self.task.id!r} is still running: one task at a time on a "
+                             "connection (wait for its task-finished)", task_id)
+        await self.start_task(task_id, lambda: self.dialect.parse(payload))
+
+    async def start_task(self, task_id: str, parse) -> None:
+        """Parse the parameters, check the voice, announce the task and start its audio."""
+        try:
+            params = parse()
+            await asyncio.to_thread(self.refs.get, params.speech.synthesis.voice_id)  # unknown voice: fail now
+        except CosyError as e:
+            raise TaskFailed(error_code(e), str(e), task_id) from None
+        task = self.task = Task(task_id, params)
+        await self.started(task)
+        task.sender = asyncio.create_task(self.stream(task))
+
+    # the events (the OpenAI-style session overrides them)
+    async def started(self, task: Task) -> None:
+        await self.send(event("task-started", task.id))
+
+    async def audio(self, task: Task, data: bytes, metrics: dict) -> None:
+        if task.params.binary:
+            await self.send(data=data)
+            await self.send(event("result-generated", task.id, {"output": {}, "metrics": metrics}))
+        else:
+            audio = {"data": base64.b64encode(data).decode("ascii")}
+            await self.send(event("result-generated", task.id, {"output": {"audio": audio}, "metrics": metrics}))
+
+    async def finished(self, task: Task) -> None:
+        await self.send(event("task-finished", task.id, {"output": {}, "usage": {"characters": task.characters}}))
+
+    async def stream(self, task: Task) -> None:
+        received = time.monotonic()
+        p = task.params
+        pieces = _in_thread(lambda stop: _pieces(self.service, self.refs, p.speech, received, stop, task.text))
+        seconds = wait = 0.0
+        try:
+            async for piece in pieces:
+                seconds, wait = seconds + piece.seconds, wait + piece.generate_time
+                if not piece.data and not piece.last:
+                    continue  # the codec is still filling a frame: merged into the next event
+                if piece.data or seconds > 0:
+                    metrics = {"speech_len": round(seconds, 4), "server_cost_time": round(piece.elapsed, 4),
+                               "generate_time": round(wait, 4)}
+                    await self.audio(task, piece.data, metrics)
+                    seconds = wait = 0.0
+            await self.finished(task)
+        except CosyError as e:
+            with suppress(Exception):
+                await self.fail(error_code(e), str(e), task.id)
+        except (WebSocketDisconnect, asyncio.CancelledError):
+            raise
+        except Exception as e:  # ours: said as such, the connection stays usable
+            log.exception("WebSocket task %s failed", task.id)
+            with suppress(Exception):
+                await self.fail("InternalError", f"{type(e).__name__}: {e}", task.id)
+        finally:
+            await pieces.aclose()
+            if self.task is task:
+                self.task = None
+
+    async def stop_task(self) -> None:
+        """Cancel the running task (its job in the pool with it) and wait until it is gone."""
+        task, self.task = self.task, None
+        if task is None or task.sender is None:
+            return
+        task.sender.cancel()
+        with suppress(asyncio.CancelledError, Exception):
+            await task.sender
+
+
+__all__ = ["IDLE_TIMEOUT", "TaskSession", "event"]

@@ -1,0 +1,81 @@
+"""Duplex synthesis below the WebSockets: streamed-text normalization, and a duplex job through a worker pool
+that holds several requests at once (max_batch 2: `cosy.speech.worker`), cancelled mid-text."""
+from __future__ import annotations
+
+import queue
+import re
+import threading
+import time
+
+import numpy as np
+import pytest
+from conftest import ASSETS
+
+from cosy.errors import Cancelled
+from cosy.pipeline.request import SynthesisError, SynthesisRequest
+from cosy.service.workers import EngineSpec, WorkerPool
+from cosy.text.frontend import TextFrontend
+from cosy.text.stream import split_tail, stream_pieces
+from cosy.text.tokenizer import TextTokenizer
+
+
+def test_split_tail_holds_back_what_may_continue():
+    assert split_tail("今天是20") == ("今天是", "20")
+    assert split_tail("Hello wor") == ("Hello", " wor")
+    assert split_tail("你好，") == ("你好，", "")
+    assert split_tail("3.") == ("", "3.")
+
+
+def test_stream_pieces_never_breaks_numbers_or_words(tiny_model_dir):
+    text = TextFrontend(TextTokenizer.from_dir(tiny_model_dir / "CosyVoice-BlankEN"))
+    whole = text.normalize("今天是2024年5月20日。", split=False)[0]
+    pieces = list(stream_pieces(text, ["今天是20", "24年5", "月20日。"]))
+    assert "".join(pieces) == whole and "二零二四" in whole
+    english = list(stream_pieces(text, ["I have 1", "2 app", "les."]))
+    words = re.findall(r"[a-z]+", "".join(english).lower())  # (the normalizer's spacing around . may differ)
+    assert words == re.findall(r"[a-z]+", text.normalize("I have 12 apples.", split=False)[0].lower())
+    assert words == ["i", "have", "twelve", "apples"] and all(p for p in english)
+
+
+@pytest.fixture(scope="module")
+def batch_pool(tiny_model_dir):
+    pool = WorkerPool(EngineSpec(str(tiny_model_dir), max_batch=2), workers=1, max_queue=4).start()
+    yield pool
+    pool.close()
+
+
+def request(**kw) -> SynthesisRequest:
+    return SynthesisRequest(mode="cross_lingual", prompt_wav=str(ASSETS / "zero_shot_prompt.wav"), duplex=True,
+                            seed=4, stream=True, **kw)
+
+
+def test_duplex_in_a_batching_worker_and_cancel_mid_text(batch_pool):
+    text = queue.Queue()
+    for piece in ["one", " two", " three", " four", " five", " six"]:
+        text.put(piece)
+    text.put(None)
+    chunks = list(batch_pool.synthesize_duplex(request(), text))
+    assert len(chunks) >= 1 and sum(len(c) for c in chunks) / 24000 >= 15 / 25
+    assert all(c.dtype == np.float32 for c in chunks)
+
+    # a job whose text never ends: cancelled from another thread, the slot is freed at once
+    cancelled, stuck = threading.Event(), queue.Queue()
+    stuck.put("hello")
+    threading.Timer(1.0, cancelled.set).start()
+    start = time.monotonic()
+    try:  # ends (the worker answers done at once, or the reader sees the cancel first) though the text never did
+        list(batch_pool.synthesize_duplex(request(), stuck, cancelled))
+    except Cancelled:
+        pass
+    assert time.monotonic() - start < 15
+    for _ in range(50):
+        if batch_pool.stats()["busy"] == 0:
+            break
+        time.sleep(0.1)
+    assert batch_pool.stats()["busy"] == 0
+
+
+def test_duplex_request_rules():
+    with pytest.raises(SynthesisError, match="no text to stream"):
+        SynthesisRequest(mode="vc", duplex=True).check()
+    SynthesisRequest(mode="cross_lingual", duplex=True).check()  # the text comes later
