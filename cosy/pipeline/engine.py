@@ -32,14 +32,14 @@ from cosy.model.families.cosyvoice2 import FAMILY as COSYVOICE2
 from cosy.model.family import ModelFamily, import_object
 from cosy.model.files import ModelDir
 from cosy.model.precision import resolve_dtype, set_tf32
-from cosy.pipeline.lm_input import lm_input
+from cosy.pipeline.lm_input import lm_input, lm_prompt
 from cosy.pipeline.request import SynthesisError, SynthesisRequest
 from cosy.pipeline.token2wav import FlowPrompt, Token2Wav, load_token2wav
 from cosy.prompt.encoder import PromptFeatures, VoicePromptEncoder
 from cosy.speech.scheduler import Batch
 from cosy.text.frontend import TextFrontend
 from cosy.text.stream import stream_pieces
-from cosy.text.tokenizer import ENDOFPROMPT_ID, TextTokenizer
+from cosy.text.tokenizer import TextTokenizer
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +141,8 @@ class Engine:
         features = self._features(req)
         key = _voice_key(features) if req.voice is not None else None
         flow_prompt = FlowPrompt(features.speech_tokens, features.mel, features.embedding, key)
-        prompt_text_ids, prompt_speech = self._lm_prompt(req, features)
+        prompt_text_ids, prompt_speech = lm_prompt(self.text, self.family, req.mode, req.prompt_text,
+                                                   req.instruct_text, features.speech_tokens.flatten().tolist())
         steps = self._bistream_steps(req, seed)
         tokens = bistream_decode(self._streamed_ids(pieces), prompt_text_ids, prompt_speech, steps, self.family)
         yield from self._token2wav(tokens, flow_prompt, dataclasses.replace(req, stream=True), seed)

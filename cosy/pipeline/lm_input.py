@@ -31,13 +31,22 @@ class LMInput:
 def lm_input(text: TextFrontend, family: ModelFamily, mode: str, tts_text: str, prompt_text: str = "",
              instruct_text: str = "", speech_tokens: list[int] | None = None) -> LMInput:
     """The LM's inputs for one request; SynthesisError naming what is missing or malformed."""
-    speech = list(speech_tokens or [])
-    system = family.system_prompt
+    ids, speech = lm_prompt(text, family, mode, prompt_text, instruct_text, speech_tokens)
+    if mode == "cross_lingual" and family.system_prompt and tts_text.strip():
+        tts_text = family.system_prompt + tts_text  # CosyVoice3: before the text, which is then one segment
+    return LMInput(ids, speech, segments(text, tts_text))
+
+
+def lm_prompt(text: TextFrontend, family: ModelFamily, mode: str, prompt_text: str = "", instruct_text: str = "",
+              speech_tokens: list[int] | None = None) -> tuple[list[int], list[int]]:
+    """(prompt text ids, prompt speech tokens) the LM continues from in `mode`, whatever the text to speak
+    (the duplex path streams that text in later); SynthesisError naming what is missing or malformed."""
     if mode in ("zero_shot", "voice"):
         if not prompt_text.strip():
             raise SynthesisError(f"mode '{mode}' needs the prompt's transcript (prompt_text)")
-        ids = text.encode(text.normalize(system + prompt_text, split=False)[0])
-    elif mode == "instruct":
+        ids = text.encode(text.normalize(family.system_prompt + prompt_text, split=False)[0])
+        return ids, list(speech_tokens or [])
+    if mode == "instruct":
         instruct = instruct_text.strip()
         if not instruct:
             raise SynthesisError("mode 'instruct' needs an instruction (instruct_text)")
@@ -46,14 +55,10 @@ def lm_input(text: TextFrontend, family: ModelFamily, mode: str, tts_text: str, 
         except ValueError as e:
             raise SynthesisError(str(e)) from None
         assert ids[-1] == ENDOFPROMPT_ID
-        speech = []  # the instruction is not normalized, and no prompt speech
-    elif mode == "cross_lingual":
-        ids, speech = [], []
-        if system and tts_text.strip():
-            tts_text = system + tts_text
-    else:
-        raise SynthesisError(f"mode '{mode}' does not run the LM")
-    return LMInput(ids, speech, segments(text, tts_text))
+        return ids, []  # the instruction is not normalized, and no prompt speech
+    if mode == "cross_lingual":
+        return [], []
+    raise SynthesisError(f"mode '{mode}' does not run the LM")
 
 
 def segments(text: TextFrontend, tts_text: str) -> list[tuple[str, list[int]]]:
@@ -66,4 +71,4 @@ def segments(text: TextFrontend, tts_text: str) -> list[tuple[str, list[int]]]:
     return out
 
 
-__all__ = ["LMInput", "lm_input", "segments"]
+__all__ = ["LMInput", "lm_input", "lm_prompt", "segments"]
