@@ -3,12 +3,15 @@
 Readiness follows the backend without restarting frontends; a reference audio made on one frontend is used
 from the other; a bounded load test (32 concurrent streaming requests, loopback only) completes every
 response and prints first-packet p50/p95 and RTF. Behind a real HAProxy (`cosy.deploy.haproxy`): traffic
-reaches only frontends whose /ready passes, SSE passes unbuffered, and gradio_client sticks to one frontend.
+reaches only frontends whose /ready passes, SSE passes unbuffered, a duplex WebSocket task is upgraded through it,
+and gradio_client sticks to one frontend.
 """
 from __future__ import annotations
 
+import asyncio
 import base64
 import http.server
+import io
 import json
 import shutil
 import statistics
@@ -21,9 +24,11 @@ import httpx
 import openai
 import pytest
 import soundfile as sf
+import websockets
 from conftest import ASSETS
 from gradio_client import Client, handle_file
 from servers import free_port, start_apps
+from test_ws import SHORT_PIECES, one_task
 
 from cosy.deploy import haproxy
 
@@ -191,3 +196,22 @@ def test_gradio_client_through_proxy_sticks_to_one_frontend(proxy):
         wav = client.predict("你好。", ZS_TEXT, handle_file(str(ASSETS / "zero_shot_prompt.wav")), seed, 1.0,
                              api_name="/zero_shot")
         assert sf.info(wav).frames > 0
+
+
+def test_duplex_websocket_through_proxy_with_the_backend(proxy):
+    """The PAI duplex task over a WebSocket upgraded through HAProxy, the LM on the real vLLM backend."""
+    with open(ASSETS / "zero_shot_prompt.wav", "rb") as f:
+        ref = httpx.post(f"{proxy}/api/v1/audio/reference_audio", files={"file": ("p.wav", f)},
+                         data={"text": ZS_TEXT}, timeout=120).json()["id"]
+
+    async def main():
+        async with websockets.connect(proxy.replace("http://", "ws://") + "/api-ws/v1/audio/speech",
+                                      max_size=None) as ws:
+            return await one_task(ws, ref, SHORT_PIECES, 0.05)
+
+    _, events, audio, _ = asyncio.run(main())
+    kinds = [e["header"]["event"] for e in events]
+    assert kinds[-1] == "task-finished" and set(kinds[:-1]) == {"result-generated"}, events[-1]
+    wav, rate = sf.read(io.BytesIO(audio))
+    total = sum(e["payload"]["metrics"]["speech_len"] for e in events[:-1])
+    assert rate == 24000 and len(wav) > 0 and abs(len(wav) / rate - total) < 0.01
