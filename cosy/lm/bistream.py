@@ -16,6 +16,9 @@ Text arrives in pieces (lists of text ids). The control flow below is written on
    is dropped), then decoding without the eos mask until eos. 6562 (and 6563 in the final decode) raise
    `BistreamError`, as the official's ValueError.
 
+CosyVoice3 (`ModelFamily.bistream_prefix_end`): the prompt text up to and including `<|endofprompt|>` (its system
+prompt) joins the first input right after sos, unmixed; the rest of the prompt text starts the text stream.
+
 The fed sequence is described by `Segment`s (kind + ids), so tests can compare every block with the official.
 """
 from __future__ import annotations
@@ -77,9 +80,13 @@ def decode(pieces: Iterable[Sequence[int]], prompt_text: Sequence[int], prompt_s
     n_text, n_speech = family.mix_ratio
     fill, eos = family.tokens.fill, family.tokens.eos
     out = out_tokens if out_tokens is not None else []
-    text: list[tuple[str, int]] = [("prompt_text", int(i)) for i in prompt_text]  # buffered, not yet placed
+    prompt_text = [int(i) for i in prompt_text]
+    end = family.bistream_prefix_end
+    cut = prompt_text.index(end) + 1 if end is not None and end in prompt_text else 0
+    text: list[tuple[str, int]] = [("prompt_text", i) for i in prompt_text[cut:]]  # buffered, not yet placed
     speech = [int(t) for t in prompt_speech]  # prompt speech not yet placed
-    first: list[Segment] = [Segment("sos")]  # the first input, built until decoding starts
+    # the first input, built until decoding starts (CosyVoice3: the system prompt joins it unmixed)
+    first: list[Segment] = [Segment("sos")] + ([Segment("prompt_text", tuple(prompt_text[:cut]))] if cut else [])
     started = False
     pending: list[Segment] = []  # positions the official fed but our backend has not seen yet
     last_block: list[Segment] = []  # what the forward that produced the last token was fed

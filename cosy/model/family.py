@@ -123,6 +123,9 @@ class ModelFamily:
     token_frame_rate: int = 25  # speech tokens per second of audio
     # text-in streaming ("bistream", cosy.lm.bistream): text tokens, then speech tokens, per block
     mix_ratio: tuple[int, int] = (5, 15)
+    # bistream: prompt text up to and including this id goes into the first input unmixed (CosyVoice3:
+    # <|endofprompt|>, ending the system prompt); None: all prompt text is mixed with the prompt speech
+    bistream_prefix_end: int | None = None
     # implementations, "module:attribute"
     lm: str = "cosy.lm.model:SpeechLM"
     flow: str = "cosy.flow.model:FlowModel"

@@ -40,6 +40,7 @@ FAMILY = ModelFamily(
     lm_head_bias=False,
     text_specials="cosy.text.specials:COSYVOICE3",
     system_prompt="You are a helpful assistant.<|endofprompt|>",
+    bistream_prefix_end=151646,  # <|endofprompt|>
     instruct_requires_end=True,
     instruct_example="You are a helpful assistant. 请用广东话表达。<|endofprompt|>",
     instruct_examples=tuple(f"You are a helpful assistant. {t}<|endofprompt|>" for t in (
@@ -49,5 +50,6 @@ FAMILY = ModelFamily(
     flow_estimator="cosy.flow.dit:DiT",
     hift="cosy.hift.causal_generator:CausalHiFTGenerator",
     stream_vocoder="cosy.pipeline.stream_vocoder:RevocodeVocoder",
-    golden_handlers=("cosy.verify.golden_cv3:HANDLERS", "cosy.verify.golden_cv3_speech:HANDLERS"),
+    golden_handlers=("cosy.verify.golden_cv3:HANDLERS", "cosy.verify.golden_cv3_speech:HANDLERS",
+                     "cosy.verify.golden_bistream:HANDLERS"),
 )
