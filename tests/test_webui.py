@@ -171,3 +171,34 @@ def test_bad_input_shows_a_readable_message(page):
     page.locator("#save_status", has_text="出错 Error: invalid voice id").wait_for()
     assert "Traceback" not in page.content()
     screenshot(page, "webui-errors.png")
+
+
+def test_cosyvoice3_page_streams_zero_shot_and_runs_an_instruct2_example(tiny_cv3_model_dir, tmp_path):
+    """The same page on a CosyVoice3 model (its own app and browser): the header names the family, a streamed
+    zero-shot plays, and the family's example instructions (instruct2, ending in <|endofprompt|>) work."""
+    from playwright.sync_api import sync_playwright
+
+    from cosy.model.families.cosyvoice3 import FAMILY as CV3
+    app = App("--model_dir", str(tiny_cv3_model_dir), "--data_dir", str(tmp_path / "data"))
+    try:
+        app.wait()
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+            pg = browser.new_page(viewport={"width": 1280, "height": 1400})
+            pg.set_default_timeout(90_000)
+            pg.goto(app.url, wait_until="networkidle")
+            expect(pg.locator("#header")).to_contain_text(f"CosyVoice3 ({tiny_cv3_model_dir.name}) · LM llm.pt")
+            upload_prompt(pg, "zero_shot_prompt.wav")
+            pg.locator("#prompt_text textarea").fill(ZS_TEXT)
+            pg.locator("#tts_text textarea").fill("你好。")
+            pg.locator("#stream input").check()
+            generate(pg)
+            choose_mode(pg, "自然语言控制")
+            example = CV3.instruct_examples[0]
+            pg.get_by_text(example, exact=True).click()
+            expect(pg.locator("#instruct_text textarea")).to_have_value(example)
+            pg.locator("#stream input").uncheck()
+            generate(pg)
+            browser.close()
+    finally:
+        app.stop()
