@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from cosy.flow.conditions import prompt_cond
 from cosy.flow.dit import DiT
 from cosy.flow.dit_config import DiTConfig, DiTFlowConfig
 from cosy.flow.encoder import PreLookaheadLayer
@@ -67,11 +68,7 @@ class DiTFlowModel(nn.Module):
             h = self.pre_lookahead_layer(x[:, :-n], context=x[:, -n:])
         h = h.repeat_interleave(cfg.token_mel_ratio, dim=1)  # (1, T_mel, 80)
 
-        n_prompt, n_total = prompt_feat.size(1), h.size(1)
-        if n_prompt > n_total:
-            raise ValueError(f"prompt mel ({n_prompt} frames) is longer than the encoded tokens ({n_total} frames)")
-        cond = torch.zeros(1, cfg.output_size, n_total, device=h.device, dtype=h.dtype)
-        cond[:, :, :n_prompt] = prompt_feat.transpose(1, 2)
+        cond = prompt_cond([prompt_feat], [h.size(1)], h, cfg.output_size)
         return h.transpose(1, 2).contiguous(), spks, cond
 
     @torch.inference_mode()
@@ -120,12 +117,6 @@ class DiTFlowModel(nn.Module):
         mel_lengths = lengths * cfg.token_mel_ratio
         valid = (torch.arange(h.size(1), device=dev).unsqueeze(0) < mel_lengths.unsqueeze(1)).to(h.dtype)
         mu = (h.transpose(1, 2) * valid.unsqueeze(1)).contiguous()
-        cond = torch.zeros_like(mu)
-        for i, (_, _, pf, _) in enumerate(rows):
-            n_prompt = pf.size(1)
-            if n_prompt > int(mel_lengths[i]):
-                raise ValueError(f"prompt mel ({n_prompt} frames) is longer than the encoded tokens "
-                                 f"({int(mel_lengths[i])} frames)")
-            cond[i, :, :n_prompt] = pf[0].to(device=dev, dtype=h.dtype).transpose(0, 1)
+        cond = prompt_cond([pf for _, _, pf, _ in rows], mel_lengths.tolist(), h, cfg.output_size)
         mel = self.decoder(mu, spks, cond, False, lengths=mel_lengths)
         return [mel[i:i + 1, :, pf.size(1):int(mel_lengths[i])].float() for i, (_, _, pf, _) in enumerate(rows)]

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from cosy.flow.conditions import prompt_cond
 from cosy.flow.config import EstimatorConfig, FlowConfig
 from cosy.flow.decoder import CausalConditionalDecoder
 from cosy.flow.encoder import UpsampleConformerEncoder
@@ -67,11 +68,7 @@ class FlowModel(nn.Module):
             x, context = x[:, :-cfg.pre_lookahead_len], x[:, -cfg.pre_lookahead_len:]
         h = self.encoder_proj(self.encoder(x, context, streaming))  # (1, T_mel, 80)
 
-        n_prompt, n_total = prompt_feat.size(1), h.size(1)
-        if n_prompt > n_total:
-            raise ValueError(f"prompt mel ({n_prompt} frames) is longer than the encoded tokens ({n_total} frames)")
-        cond = torch.zeros(1, cfg.output_size, n_total, device=h.device, dtype=h.dtype)
-        cond[:, :, :n_prompt] = prompt_feat.transpose(1, 2)
+        cond = prompt_cond([prompt_feat], [h.size(1)], h, cfg.output_size)
         return h.transpose(1, 2).contiguous(), spks, cond
 
     @torch.inference_mode()
@@ -119,13 +116,7 @@ class FlowModel(nn.Module):
         x = self.input_embedding(tokens.clamp(min=0))
         h = self.encoder_proj(self.encoder(x, None, False, lengths=lengths))  # (B, ratio*T, 80)
         mel_lengths = lengths * cfg.token_mel_ratio
-        cond = torch.zeros(len(rows), cfg.output_size, h.size(1), device=h.device, dtype=h.dtype)
-        for i, (_, _, pf, _) in enumerate(rows):
-            n_prompt = pf.size(1)
-            if n_prompt > int(mel_lengths[i]):
-                raise ValueError(f"prompt mel ({n_prompt} frames) is longer than the encoded tokens "
-                                 f"({int(mel_lengths[i])} frames)")
-            cond[i, :, :n_prompt] = pf[0].to(device=h.device, dtype=h.dtype).transpose(0, 1)
+        cond = prompt_cond([pf for _, _, pf, _ in rows], mel_lengths.tolist(), h, cfg.output_size)
         valid = (torch.arange(h.size(1), device=dev).unsqueeze(0) < mel_lengths.unsqueeze(1)).to(h.dtype)
         mu = h.transpose(1, 2) * valid.unsqueeze(1)
         mel = self.decoder(mu.contiguous(), spks, cond, False, lengths=mel_lengths)
