@@ -16,11 +16,12 @@ import pytest
 from servers import Backend
 
 from cosy.lm import SamplingParams, SpeechLM
-from cosy.lm.bistream import BistreamError, Segment, decode
+from cosy.lm.bistream import decode
 from cosy.lm.bistream_steps import EmbeddedSteps, RemoteSteps
 from cosy.lm.prompt import PromptEmbedder
 from cosy.lm.remote import RemoteLM
 from cosy.model.families.cosyvoice2 import FAMILY as CV2
+from cosy.verify.golden_bistream import greedy_sampler, run_case, sampled_logps, want_of
 
 FIXTURES = Path(__file__).parent / "fixtures"
 GOLDEN_MODEL = FIXTURES / "golden" / "model"
@@ -29,73 +30,9 @@ GREEDY_CASES = [c for c in CASES if "sampling_overrides" not in c]
 TOL = 1e-4
 
 
-class Recording:
-    """A StepBackend wrapper that records every fed position as (kind, id, refeed), the backend contract:
-    each block, then each generated token but the last of a run."""
-
-    def __init__(self, inner):
-        self.inner, self.positions, self.runs = inner, [], 0
-
-    def run(self, block, history, max_new, mask_eos, stop):
-        self.runs += 1
-        self.positions += positions(block)
-        got = []
-        for token in self.inner.run(block, history, max_new, mask_eos, stop):
-            if got:
-                self.positions.append(("speech", got[-1], False))
-            got.append(token)
-            yield token
-
-
-def positions(segments) -> list[tuple]:
-    out = []
-    for s in segments:
-        kind, ids, refeed = (s.kind, s.ids, s.refeed) if isinstance(s, Segment) else \
-            (s["kind"], s.get("ids", ()), bool(s.get("refeed")))
-        out += [(kind, None, refeed)] if kind in ("sos", "task_id") else [(kind, i, refeed) for i in ids]
-    return out
-
-
-def run_case(case: dict, steps) -> dict:
-    b = case["bistream"]
-    rec, out, yielded, end = Recording(steps), [], [], "cap"
-    try:
-        for token in decode(case["text_pieces"], case["prompt_text"], case["prompt_speech_token"], rec, CV2,
-                            max_final=b["final_cap"], out_tokens=out):
-            yielded.append(token)
-    except BistreamError as e:
-        end = f"ValueError: {e}"
-    if end == "cap" and out and out[-1] == CV2.tokens.eos:
-        end = "eos"
-    return {"yielded": yielded, "out_tokens": out, "end": end, "positions": rec.positions}
-
-
-def want_of(case: dict) -> dict:
-    b = case["bistream"]
-    end = b["end"] if b["end"] != "ValueError" else f"ValueError: {b['error']}"
-    fed = [p for s in b["steps"] for p in positions(s["input"])]
-    return {"yielded": b["yielded"], "out_tokens": b["out_tokens"], "end": end, "positions": fed}
-
-
-def sampled_logps(case: dict) -> list[float]:
-    return [s["logp"] for s in case["bistream"]["steps"] if not s["forced"]]
-
-
 @pytest.fixture(scope="module")
 def golden_lm() -> SpeechLM:
     return SpeechLM.from_model_dir(GOLDEN_MODEL)
-
-
-def greedy_sampler(overrides: dict[str, int], sampled: list[int]):
-    def sample(logits, history, mask_eos):
-        sampled.append(len(history))
-        if str(len(history)) in overrides:
-            return int(overrides[str(len(history))])
-        scores = logits.float().log_softmax(-1)
-        if mask_eos:
-            scores[CV2.tokens.eos] = float("-inf")
-        return int(scores.argmax())
-    return sample
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])

@@ -87,3 +87,19 @@ def test_any_directory_of_the_format(tmp_path, tiny_model_dir):
     assert r.returncode == 0, r.stdout + r.stderr
     assert [line.split()[0] for line in r.stdout.splitlines()[1:]] == ["flow.partial", "hift.f0", "hift.dec"]
     assert t["x.flow_out"].shape == (1, 80, 2 * (12 + 27) - 24)
+
+
+def test_the_bistream_directory_passes_and_a_changed_official_token_fails(tmp_path):
+    """golden-bistream (literal cases, model in ../golden/model): every case passes; one official token changed
+    makes that case fail."""
+    src = GOLDEN.parent / "golden-bistream"
+    r = golden_check(src)
+    rows = [line for line in r.stdout.splitlines()[1:] if line.strip()]
+    cases = json.loads((src / "cases.json").read_text())["cases"]
+    assert r.returncode == 0 and len(rows) == len(cases) and all(row.endswith("PASS") for row in rows), r.stdout
+    meta = json.loads((src / "cases.json").read_text())
+    meta["cases"][0]["bistream"]["yielded"][0] += 1
+    meta["model_dir"] = str(GOLDEN / "model")
+    (tmp_path / "cases.json").write_text(json.dumps(meta))
+    r = golden_check(tmp_path)
+    assert r.returncode == 1 and f"{cases[0]['name']} (5/6 exact)" in r.stdout and "FAIL" in r.stdout, r.stdout

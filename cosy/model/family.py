@@ -135,7 +135,7 @@ class ModelFamily:
     # CosyVoice3: "cosy.pipeline.stream_vocoder:RevocodeVocoder" (re-vocodes the whole mel, no fade)
     stream_vocoder: str = "cosy.pipeline.stream_vocoder:CrossfadeVocoder"
     # golden-case handler lists ("module:attribute") for `cosy.golden_check`; absent modules are skipped
-    golden_handlers: tuple[str, ...] = ("cosy.verify.golden_cases:HANDLERS",)
+    golden_handlers: tuple[str, ...] = ("cosy.verify.golden_cases:HANDLERS", "cosy.verify.golden_bistream:HANDLERS")
 
     @property
     def expected_classes(self) -> dict[str, str]:

@@ -1,5 +1,8 @@
-"""The official bistream LM case of a golden directory (golden-cv3 `lm.bistream`: `inference_bistream`, teacher
-forced), run through our decoding (`cosy.lm.bistream.decode` on the embedded LM).
+"""Official bistream LM decodes, run through our decoding (`cosy.lm.bistream.decode` on the embedded LM).
+
+Two golden formats: golden-cv3's `lm.bistream` case (`inference_bistream`, teacher forced; below) and the
+CosyVoice2 `golden-bistream` directory (greedy decodes of fixed text pieces; `official_bistream_case`, which
+tests/test_bistream.py also uses on the vLLM backend).
 
 Our decoding feeds the same positions as the official but not in the same forward calls: after a forced fill
 the official runs one forward on the last speech token and throws its output away, where ours feeds that token
@@ -14,8 +17,9 @@ from typing import Any
 
 import torch
 
-from cosy.lm.bistream import Segment, decode
+from cosy.lm.bistream import BistreamError, Segment, decode
 from cosy.lm.bistream_steps import EmbeddedSteps
+from cosy.model.family import ModelFamily
 from cosy.verify.golden_cases import GoldenModels
 
 
@@ -78,4 +82,100 @@ def bistream_case(g: GoldenModels, case: dict) -> dict[str, Any]:
             "step0_input": embeds[0], "inputs_concat": torch.cat(embeds, dim=1)[0]}
 
 
-HANDLERS = [(lambda p: p.startswith("CosyVoice3LM.inference_bistream"), bistream_case)]
+class Recording:
+    """A StepBackend wrapper that records every fed position as (kind, id, refeed), the backend contract:
+    each block, then each generated token but the last of a run."""
+
+    def __init__(self, inner):
+        self.inner, self.positions, self.runs = inner, [], 0
+
+    def run(self, block, history, max_new, mask_eos, stop):
+        self.runs += 1
+        self.positions += positions(block)
+        got = []
+        for token in self.inner.run(block, history, max_new, mask_eos, stop):
+            if got:
+                self.positions.append(("speech", got[-1], False))
+            got.append(token)
+            yield token
+
+
+def positions(segments) -> list[tuple]:
+    """(kind, id, refeed) per fed position of Segments (ours) or the fixture's segment dicts."""
+    out = []
+    for s in segments:
+        kind, ids, refeed = (s.kind, s.ids, s.refeed) if isinstance(s, Segment) else \
+            (s["kind"], s.get("ids", ()), bool(s.get("refeed")))
+        out += [(kind, None, refeed)] if kind in ("sos", "task_id") else [(kind, i, refeed) for i in ids]
+    return out
+
+
+def run_case(case: dict, steps, family: ModelFamily | None = None) -> dict:
+    """Decode a golden-bistream case with `steps` (a StepBackend): yielded, out_tokens, end, fed positions."""
+    family = family or _cv2()
+    b = case["bistream"]
+    rec, out, yielded, end = Recording(steps), [], [], "cap"
+    try:
+        for token in decode(case["text_pieces"], case["prompt_text"], case["prompt_speech_token"], rec, family,
+                            max_final=b["final_cap"], out_tokens=out):
+            yielded.append(token)
+    except BistreamError as e:
+        end = f"ValueError: {e}"
+    if end == "cap" and out and out[-1] == family.tokens.eos:
+        end = "eos"
+    return {"yielded": yielded, "out_tokens": out, "end": end, "positions": rec.positions}
+
+
+def want_of(case: dict) -> dict:
+    """The official side of `run_case`."""
+    b = case["bistream"]
+    end = b["end"] if b["end"] != "ValueError" else f"ValueError: {b['error']}"
+    fed = [p for s in b["steps"] for p in positions(s["input"])]
+    return {"yielded": b["yielded"], "out_tokens": b["out_tokens"], "end": end, "positions": fed}
+
+
+def sampled_logps(case: dict) -> list[float]:
+    """The official log-probs of the sampled (not forced) steps."""
+    return [s["logp"] for s in case["bistream"]["steps"] if not s["forced"]]
+
+
+
+def greedy_sampler(overrides: dict[str, int], sampled: list[int], eos: int = 6561):
+    """The fixture's sampler: argmax (eos masked when asked), scripted overrides by out_tokens length; records
+    the out_tokens length of every draw in `sampled`."""
+    def sample(logits, history, mask_eos):
+        sampled.append(len(history))
+        if str(len(history)) in overrides:
+            return int(overrides[str(len(history))])
+        scores = logits.float().log_softmax(-1)
+        if mask_eos:
+            scores[eos] = float("-inf")
+        return int(scores.argmax())
+    return sample
+
+
+def _cv2() -> ModelFamily:
+    from cosy.model.families.cosyvoice2 import FAMILY
+    return FAMILY
+
+
+TOL = 1e-4  # the fixture README's log-prob tolerance
+
+
+def official_bistream_case(g: GoldenModels, case: dict) -> dict[str, Any]:
+    """A golden-bistream case on the embedded LM: (ours, official) pairs, all exact, the log-prob check included."""
+    sampled: list[int] = []
+    steps = EmbeddedSteps(g.lm, sampler=greedy_sampler(case.get("sampling_overrides", {}), sampled,
+                                                       g.family.tokens.eos), capacity=16)
+    got, want = run_case(case, steps, g.family), want_of(case)
+    forced = [i for i, t in enumerate(got["out_tokens"]) if i not in set(sampled)]
+    logps = sampled_logps(case)
+    worst = max((abs(a - b) for a, b in zip(steps.logps, logps)), default=0.0)
+    out = {f".{k}": (got[k], want[k]) for k in got}
+    out[".forced_steps"] = (forced, case["bistream"]["forced_steps"])
+    out[f".logp_chosen within {TOL:g}"] = (len(steps.logps) == len(logps) and worst < TOL, True)
+    return out
+
+
+HANDLERS = [(lambda p: p.startswith("CosyVoice3LM.inference_bistream"), bistream_case),
+            (lambda p: p.startswith("cosyvoice2 bistream golden"), official_bistream_case)]

@@ -32,12 +32,14 @@ from cosy.text.tokenizer import TextTokenizer
 class GoldenModels:
     """Our modules for one golden directory, built on first use."""
 
-    def __init__(self, root: Path, tensors: dict[str, Tensor], extra: dict):
+    def __init__(self, root: Path, tensors: dict[str, Tensor], extra: dict, model_dir: Path | None = None):
+        """model_dir: the golden model (default root/model; golden-bistream names ../golden/model)."""
         self.root, self.tensors, self.extra = root, tensors, extra
+        self.model_dir = model_dir or root / "model"
 
     @cached_property
     def model(self) -> ModelDir:
-        return ModelDir(self.root / "model")
+        return ModelDir(self.model_dir)
 
     @cached_property
     def family(self) -> ModelFamily:
@@ -205,8 +207,9 @@ def family_handlers(family: ModelFamily) -> list[tuple[Callable[[str], bool], Ha
     return [h for spec in family.golden_handlers for h in import_object(spec)]
 
 
-def handler_for(case: dict, family: ModelFamily | None = None) -> Handler | None:
-    """The first handler of `family` (default: CosyVoice2's `HANDLERS`) whose test accepts the producer."""
-    producer = case.get("producer", "")
+def handler_for(case: dict, family: ModelFamily | None = None, default_producer: str = "") -> Handler | None:
+    """The first handler of `family` (default: CosyVoice2's `HANDLERS`) whose test accepts the producer (a
+    case without one: `default_producer`, the directory's format line)."""
+    producer = case.get("producer") or default_producer
     handlers = HANDLERS if family is None else family_handlers(family)
     return next((h for test, h in handlers if test(producer)), None)

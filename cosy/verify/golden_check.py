@@ -116,13 +116,14 @@ def _compare(case: dict, ours: dict[str, Any], tensors: dict[str, Tensor]) -> It
 def run(root: Path, kinds: set[str] | None = None, out=sys.stdout) -> bool:
     """Check every case of `root` (of `kinds` only, when given). True when all checked cases pass."""
     meta = json.loads((root / "cases.json").read_text(encoding="utf-8"))
-    tensors = load_file(root / "cases.safetensors")
-    models = GoldenModels(root, tensors, meta.get("extra", {}))
+    tensor_file = root / "cases.safetensors"  # a directory of literal cases only (golden-bistream) has none
+    tensors = load_file(tensor_file) if tensor_file.exists() else {}
+    models = GoldenModels(root, tensors, meta.get("extra", {}), model_dir=root / meta.get("model_dir", "model"))
     ok = True
     for case in meta["cases"]:
         if kinds is not None and case["name"].split(".", 1)[0] not in kinds:
             continue
-        handler = handler_for(case, models.family)
+        handler = handler_for(case, models.family, default_producer=meta.get("format", ""))
         if handler is None:
             rows: list[Row] = [(f"{case['name']} (case not understood)", float("inf"), 0.0, False)]
         else:
