@@ -35,18 +35,26 @@ pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists() or not shutil.which(
 
 
 @pytest.fixture(scope="module")
-def session(tiny_model_dir, tmp_path_factory):
+def browser():
+    """One Playwright driver and Chromium for the module: the sync API allows one driver per thread at a time."""
     from playwright.sync_api import sync_playwright
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        expect.set_options(timeout=30_000)
+        yield b
+        b.close()
+
+
+@pytest.fixture(scope="module")
+def session(browser, tiny_model_dir, tmp_path_factory):
     app = App("--model_dir", str(tiny_model_dir), "--data_dir", str(tmp_path_factory.mktemp("webui_data")))
     try:
         app.wait()
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-            pg = browser.new_page(viewport={"width": 1280, "height": 1400}, permissions=["microphone"])
-            pg.set_default_timeout(90_000)
-            expect.set_options(timeout=30_000)
-            yield pg, app.url
-            browser.close()
+        context = browser.new_context(viewport={"width": 1280, "height": 1400}, permissions=["microphone"])
+        pg = context.new_page()
+        pg.set_default_timeout(90_000)
+        yield pg, app.url
+        context.close()
     finally:
         app.stop()
 
@@ -173,18 +181,16 @@ def test_bad_input_shows_a_readable_message(page):
     screenshot(page, "webui-errors.png")
 
 
-def test_cosyvoice3_page_streams_zero_shot_and_runs_an_instruct2_example(tiny_cv3_model_dir, tmp_path):
-    """The same page on a CosyVoice3 model (its own app and browser): the header names the family, a streamed
+def test_cosyvoice3_page_streams_zero_shot_and_runs_an_instruct2_example(browser, tiny_cv3_model_dir, tmp_path):
+    """The same page on a CosyVoice3 model (its own app and browser context): the header names the family, a streamed
     zero-shot plays, and the family's example instructions (instruct2, ending in <|endofprompt|>) work."""
-    from playwright.sync_api import sync_playwright
-
     from cosy.model.families.cosyvoice3 import FAMILY as CV3
     app = App("--model_dir", str(tiny_cv3_model_dir), "--data_dir", str(tmp_path / "data"))
     try:
         app.wait()
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-            pg = browser.new_page(viewport={"width": 1280, "height": 1400})
+        context = browser.new_context(viewport={"width": 1280, "height": 1400})
+        try:
+            pg = context.new_page()
             pg.set_default_timeout(90_000)
             pg.goto(app.url, wait_until="networkidle")
             expect(pg.locator("#header")).to_contain_text(f"CosyVoice3 ({tiny_cv3_model_dir.name}) · LM llm.pt")
@@ -199,6 +205,7 @@ def test_cosyvoice3_page_streams_zero_shot_and_runs_an_instruct2_example(tiny_cv
             expect(pg.locator("#instruct_text textarea")).to_have_value(example)
             pg.locator("#stream input").uncheck()
             generate(pg)
-            browser.close()
+        finally:
+            context.close()
     finally:
         app.stop()
