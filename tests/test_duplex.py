@@ -15,7 +15,7 @@ from cosy.errors import Cancelled
 from cosy.pipeline.request import SynthesisError, SynthesisRequest
 from cosy.service.workers import EngineSpec, WorkerPool
 from cosy.text.frontend import TextFrontend
-from cosy.text.stream import split_tail, stream_pieces
+from cosy.text.stream import Sentences, split_tail, stream_pieces
 from cosy.text.tokenizer import TextTokenizer
 
 
@@ -37,6 +37,17 @@ def test_stream_pieces_never_breaks_numbers_or_words(tiny_model_dir):
     assert words == ["i", "have", "twelve", "apples"] and all(p for p in english)
 
 
+def test_sentences_mark_begin_and_end_as_the_text_is_taken():
+    s = Sentences()
+    assert s.take("  你好") == [("begin", 0, "")]
+    assert s.take("。") == []  # ends only when the next one begins (or the text ends)
+    assert s.take("”") == []  # a closing quote stays with its sentence
+    assert s.take(" Hi there!") == [("end", 0, "你好。”"), ("begin", 1, "")]
+    assert s.take("?! Ok") == [("end", 1, "Hi there!?!"), ("begin", 2, "")]
+    assert s.characters == len("你好。”") + len("Hi there!?!")
+    assert s.finish() == [("end", 2, "Ok")] and s.finish() == [] and s.take("") == []
+
+
 @pytest.fixture(scope="module")
 def batch_pool(tiny_model_dir):
     pool = WorkerPool(EngineSpec(str(tiny_model_dir), max_batch=2), workers=1, max_queue=4).start()
@@ -54,7 +65,9 @@ def test_duplex_in_a_batching_worker_and_cancel_mid_text(batch_pool):
     for piece in ["one", " two", " three", " four", " five", " six"]:
         text.put(piece)
     text.put(None)
-    chunks = list(batch_pool.synthesize_duplex(request(), text))
+    taken = []
+    chunks = list(batch_pool.synthesize_duplex(request(), text, on_text=taken.append))
+    assert "".join(taken).split() == ["one", "two", "three", "four", "five", "six"]  # what the LM read, in order
     assert len(chunks) >= 1 and sum(len(c) for c in chunks) / 24000 >= 15 / 25
     assert all(c.dtype == np.float32 for c in chunks)
 

@@ -6,6 +6,7 @@ import asyncio
 import base64
 import io
 import json
+import re
 import uuid
 
 import pytest
@@ -237,13 +238,24 @@ def test_dashscope_sdk_streaming_call(stack):
     cb = Callback()
     synth = SpeechSynthesizer(model="cosyvoice-v2", voice=stack.ref, format=AudioFormat.PCM_24000HZ_MONO_16BIT,
                               volume=50, speech_rate=1.0, callback=cb)
-    for piece in ["你好", "，世界", "。"]:
+    for piece in ["你好", "，世界", "。今天", "天气很好。"]:
         synth.streaming_call(piece)
     synth.streaming_complete(complete_timeout_millis=300_000)
     assert cb.completed and len(cb.audio) > 0 and len(cb.audio) % 2 == 0
     seconds = len(cb.audio) / 2 / RATE
     assert cb.events and all(e["header"]["event"] == "result-generated" for e in cb.events)
-    assert abs(sum(e["payload"]["metrics"]["speech_len"] for e in cb.events) - seconds) < 0.01
+    # the sentence events: begin 0, its audio frames, end 0 (with its text), begin 1, ..., end 1
+    outputs = [e["payload"]["output"] for e in cb.events]
+    kinds = "".join({"sentence-begin": "b", "sentence-synthesis": "s", "sentence-end": "e"}[o["type"]]
+                    for o in outputs)
+    assert re.fullmatch(r"bs*ebs*e", kinds), kinds
+    ends = [o for o in outputs if o["type"] == "sentence-end"]
+    assert [o["original_text"] for o in ends] == ["你好，世界。", "今天天气很好。"]
+    assert [o["sentence"]["index"] for o in ends] == [0, 1]
+    assert ends[-1]["sentence"]["index"] == outputs[-2]["sentence"]["index"] == 1
+    assert cb.events[-1]["payload"]["usage"]["characters"] == len("你好，世界。今天天气很好。")
+    frames = [e for e in cb.events if e["payload"]["output"]["type"] == "sentence-synthesis"]
+    assert abs(sum(e["payload"]["metrics"]["speech_len"] for e in frames) - seconds) < 0.01
     assert synth.get_first_package_delay() > 0
 
 

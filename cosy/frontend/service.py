@@ -9,7 +9,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
@@ -96,16 +96,18 @@ class FrontendService:
         return prompt_text
 
     def stream(self, req: SynthesisRequest, surface: str, received: float | None = None,
-               cancelled: threading.Event | None = None, text: queue.Queue | None = None) -> Iterator[np.ndarray]:
+               cancelled: threading.Event | None = None, text: queue.Queue | None = None,
+               on_text: Callable[[str], None] | None = None) -> Iterator[np.ndarray]:
         """Audio chunks (float32, `sample_rate`) as the workers make them; metrics under (surface, mode).
         Setting `cancelled` (from any thread) cancels the job at once, even while it waits in the queue.
-        `text`: a duplex request's text pieces (str; None ends the text), see `WorkerPool.synthesize_duplex`."""
+        `text`: a duplex request's text pieces (str; None ends the text), `on_text` the normalized text its LM
+        takes, see `WorkerPool.synthesize_duplex`."""
         received = time.monotonic() if received is None else received
         m, labels = self.metrics, (surface, req.mode)
         seconds, chunks = 0.0, 0
         try:
             source = (self.pool.synthesize(self.resolve(req), cancelled) if text is None
-                      else self.pool.synthesize_duplex(self.resolve(req), text, cancelled))
+                      else self.pool.synthesize_duplex(self.resolve(req), text, cancelled, on_text))
             for chunk in source:
                 if not chunks:
                     m.first_packet.labels(*labels).observe(time.monotonic() - received)

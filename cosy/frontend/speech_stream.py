@@ -52,6 +52,7 @@ class Piece:
     generate_time: float  # waiting for this piece's audio (for the first: queue + synthesis)
     elapsed: float  # since the request was received
     last: bool = False  # the encoder's tail; nothing follows
+    taken: str = ""  # duplex: the normalized text the LM took since the previous piece
 
 
 def _pieces(service: FrontendService, refs: ReferenceAudios, req: SpeechRequest,
@@ -62,7 +63,9 @@ def _pieces(service: FrontendService, refs: ReferenceAudios, req: SpeechRequest,
     encoder = make_encoder(req.fmt, req.sample_rate, bit_rate=req.bit_rate, streaming=req.synthesis.stream)
     try:
         refs.get(req.synthesis.voice_id)  # 400/404 in the API's words
-        chunks = service.stream(req.synthesis, req.surface, received, cancelled, text)
+        taken: list[str] = []  # filled by the chunk reader (this thread), emptied into each piece
+        chunks = service.stream(req.synthesis, req.surface, received, cancelled, text,
+                                taken.append if text is not None else None)
         out = OutputAudio(service.sample_rate, req.sample_rate, req.volume)
         hold, held = max(1, round(HOLD_SECONDS * req.sample_rate)), np.zeros(0, np.float32)
         try:
@@ -73,13 +76,15 @@ def _pieces(service: FrontendService, refs: ReferenceAudios, req: SpeechRequest,
                 cut = max(0, len(audio) - hold)
                 audio, held = audio[:cut], audio[cut:]
                 data = encoder.encode(audio)
-                yield Piece(data, len(audio) / req.sample_rate, now - t, now - received)
+                yield Piece(data, len(audio) / req.sample_rate, now - t, now - received, taken="".join(taken))
+                taken.clear()
                 t = time.monotonic()
         finally:
             chunks.close()  # cancels the job if we stopped early
         audio = np.concatenate([held, out.finish()])
         tail = encoder.encode(audio) + encoder.finish()
-        yield Piece(tail, len(audio) / req.sample_rate, 0.0, time.monotonic() - received, last=True)
+        yield Piece(tail, len(audio) / req.sample_rate, 0.0, time.monotonic() - received, last=True,
+                    taken="".join(taken))
     finally:
         encoder.close()
 

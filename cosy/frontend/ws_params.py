@@ -62,6 +62,7 @@ def _validated(model: type[BaseModel], payload: dict, prefix: str = "parameters.
 
 class Dialect:
     name = "pai"
+    sentence_events = False  # result-generated events without audio (sentence-begin/-end) for its clients
 
     def parse(self, payload: dict) -> TaskParams:
         p = _validated(PaiTaskParameters, payload)
@@ -78,6 +79,7 @@ class Dialect:
 
 class DashScopeDialect(Dialect):
     name = "dashscope"
+    sentence_events = True
 
     def parse(self, payload: dict) -> TaskParams:
         p = _validated(DashScopeParameters, payload)

@@ -11,8 +11,10 @@ function, model, parameters, input: {}}}, then any number of `continue-task` (pa
 payload.metrics), `task-finished` (payload.usage.characters), `task-failed` (header.error_code,
 header.error_message). Tasks run one after another on a connection; a bad message fails the task it names
 (or answers task-failed with an empty task_id) and leaves the connection usable. A client that disconnects
-cancels its task (the LM request is aborted, the worker slot freed). The dialects differ only in how
-parameters are read (`cosy.frontend.ws_params`).
+cancels its task (the LM request is aborted, the worker slot freed). The dialects differ in how parameters
+are read (`cosy.frontend.ws_params`) and in DashScope's sentence events: result-generated sentence-begin /
+sentence-synthesis (before each audio frame) / sentence-end, following the normalized sentences as the LM
+reads them (`cosy.text.stream.Sentences`).
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ from cosy.frontend.service import FrontendService
 from cosy.frontend.speech_stream import _in_thread, _pieces
 from cosy.frontend.ws_params import Dialect, TaskParams
 from cosy.pipeline.request import MAX_TEXT_CHARS
+from cosy.text.stream import Sentences
 
 log = logging.getLogger(__name__)
 IDLE_TIMEOUT = 60.0  # seconds without a client message while a task runs (or before the first task)
@@ -63,6 +66,7 @@ class Task:
         self.finished = False  # finish-task seen
         self.seconds = 0.0  # audio sent
         self.sender: asyncio.Task | None = None
+        self.sentences = Sentences()  # the sentences the LM took (DashScope's sentence events)
 
 
 class TaskSession:
@@ -192,8 +196,24 @@ class TaskSession:
     async def started(self, task: Task) -> None:
         await self.send(event("task-started", task.id))
 
+    async def sentence_marks(self, task: Task, marks: list[tuple[str, int, str]]) -> None:
+        """DashScope's sentence-begin / sentence-end events (result-generated without audio)."""
+        if not self.dialect.sentence_events:
+            return
+        for kind, index, text in marks:
+            output = {"sentence": {"index": index, "words": []}, "type": f"sentence-{kind}"}
+            payload = {"output": output}
+            if kind == "end":
+                output["original_text"] = text
+                payload["usage"] = {"characters": task.sentences.characters}
+            await self.send(event("result-generated", task.id, payload))
+
     async def audio(self, task: Task, data: bytes, metrics: dict) -> None:
-        if task.params.binary:
+        if self.dialect.sentence_events:  # DashScope: the event, then its frame; the last sentence begun
+            output = {"sentence": {"index": max(task.sentences.index, 0), "words": []}, "type": "sentence-synthesis"}
+            await self.send(event("result-generated", task.id, {"output": output, "metrics": metrics}))
+            await self.send(data=data)
+        elif task.params.binary:
             await self.send(data=data)
             await self.send(event("result-generated", task.id, {"output": {}, "metrics": metrics}))
         else:
@@ -210,6 +230,7 @@ class TaskSession:
         seconds = wait = 0.0
         try:
             async for piece in pieces:
+                await self.sentence_marks(task, task.sentences.take(piece.taken))
                 seconds, wait = seconds + piece.seconds, wait + piece.generate_time
                 if not piece.data and not piece.last:
                     continue  # the codec is still filling a frame: merged into the next event
@@ -218,6 +239,7 @@ class TaskSession:
                                "generate_time": round(wait, 4)}
                     await self.audio(task, piece.data, metrics)
                     seconds = wait = 0.0
+            await self.sentence_marks(task, task.sentences.finish())
             await self.finished(task)
         except CosyError as e:
             with suppress(Exception):

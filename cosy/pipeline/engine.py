@@ -16,7 +16,7 @@ import hashlib
 import logging
 import random
 from pathlib import Path
-from typing import Iterable, Iterator, Protocol
+from typing import Callable, Iterable, Iterator, Protocol
 
 import torch
 from torch import Tensor
@@ -129,11 +129,13 @@ class Engine:
                                        self.family.tokens)
             yield from self._token2wav(tokens, flow_prompt, req, seed + i)
 
-    def synthesize_duplex(self, req: SynthesisRequest, pieces: Iterable[str]) -> Iterator[Tensor]:
+    def synthesize_duplex(self, req: SynthesisRequest, pieces: Iterable[str],
+                          on_text: Callable[[str], None] | None = None) -> Iterator[Tensor]:
         """Yield (N,) float32 audio chunks while text pieces arrive (`pieces` may block, e.g. a queue):
         the text is normalized as it streams (`cosy.text.stream`), the LM decodes with the official
         bistream rules (`cosy.lm.bistream`), and one streaming token2wav (one voice, one chunk schedule)
-        makes the audio of the whole utterance. `req.text` is ignored (`req.duplex` must be set)."""
+        makes the audio of the whole utterance. `req.text` is ignored (`req.duplex` must be set).
+        `on_text` is called with each normalized piece as the LM takes it (the sentence events' source)."""
         req.check()
         if not req.duplex:
             raise SynthesisError("synthesize_duplex needs a duplex request")
@@ -144,15 +146,19 @@ class Engine:
         prompt_text_ids, prompt_speech = lm_prompt(self.text, self.family, req.mode, req.prompt_text,
                                                    req.instruct_text, features.speech_tokens.flatten().tolist())
         steps = self._bistream_steps(req, seed)
-        tokens = bistream_decode(self._streamed_ids(pieces), prompt_text_ids, prompt_speech, steps, self.family)
+        text_ids = self._streamed_ids(pieces, on_text)
+        tokens = bistream_decode(text_ids, prompt_text_ids, prompt_speech, steps, self.family)
         yield from self._token2wav(tokens, flow_prompt, dataclasses.replace(req, stream=True), seed)
 
-    def _streamed_ids(self, pieces: Iterable[str]) -> Iterator[list[int]]:
+    def _streamed_ids(self, pieces: Iterable[str],
+                      on_text: Callable[[str], None] | None = None) -> Iterator[list[int]]:
         """Text ids of each normalized piece; SynthesisError at the end if nothing speakable came."""
         n = 0
         for text in stream_pieces(self.text, pieces):
             ids = self.text.encode(text)
             n += len(ids)
+            if on_text is not None:
+                on_text(text)
             yield ids
         if n == 0:
             raise SynthesisError("the text is empty: nothing to speak arrived before its end")

@@ -3,7 +3,8 @@
 Messages from the pool (`cosy.service.workers.WorkerPool`) over a Pipe: `(job_id, kind, payload)` starts a
 job, `("text", job_id, piece)` brings a "duplex" job its next text piece (None: the text ended),
 `("cancel", job_id)` cancels one, `None` ends the process. Answers: `("ready", sample_rate)` or
-`("failed", why)` once at start, then `("chunk"|"result"|"done"|"error", job_id, data)`. At max_batch 1 the
+`("failed", why)` once at start, then `("chunk"|"result"|"done"|"error", job_id, data)`, and for a duplex
+job `("taken", job_id, text)` as its LM takes each normalized piece. At max_batch 1 the
 worker runs one job at a time here; above, `cosy.speech.worker.serve` holds many.
 """
 from __future__ import annotations
@@ -138,12 +139,19 @@ class TextInbox:
         self.cancelled = False
 
     def _recv(self):
+        return self._unarmed(self.conn.recv)
+
+    def taken(self, text: str) -> None:
+        """Tell the pool the LM took this normalized text (`Engine.synthesize_duplex`'s on_text)."""
+        self._unarmed(lambda: self.conn.send(("taken", self.job_id, text)))
+
+    def _unarmed(self, io):
         it = self.interrupt
         if it is None:
-            return self.conn.recv()
+            return io()
         armed, it.armed = it.armed, False
         try:
-            return self.conn.recv()
+            return io()
         finally:
             it.armed = armed
 
@@ -233,7 +241,7 @@ def _serve(spec: EngineSpec, conn, cancel, health, prepare) -> None:
             else:
                 inbox = TextInbox(conn, job_id, interrupt)
                 req = SynthesisRequest.from_wire(payload)
-                chunks = (engine.synthesize_duplex(req, inbox.pieces()) if kind == "duplex"
+                chunks = (engine.synthesize_duplex(req, inbox.pieces(), inbox.taken) if kind == "duplex"
                           else engine.synthesize(req))
                 try:
                     for chunk in chunks:

@@ -21,7 +21,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -244,12 +244,18 @@ class WorkerPool:
             yield chunk
 
     def synthesize_duplex(self, request: SynthesisRequest, text: queue.Queue,
-                          cancelled: threading.Event | None = None) -> Iterator[np.ndarray]:
+                          cancelled: threading.Event | None = None,
+                          on_text: Callable[[str], None] | None = None) -> Iterator[np.ndarray]:
         """`synthesize` of a duplex request (`request.duplex`): the caller puts text pieces (str) into
-        `text` while audio comes out, then None to end the text (`Engine.synthesize_duplex` in a worker)."""
+        `text` while audio comes out, then None to end the text (`Engine.synthesize_duplex` in a worker).
+        `on_text` gets each normalized piece the LM takes, in order with the chunks (called by this reader)."""
         job = self.submit("duplex", request.to_wire(), cancelled, text)
-        for _, chunk in self._results(job):
-            yield chunk
+        for kind, data in self._results(job):
+            if kind == "taken":
+                if on_text is not None:
+                    on_text(data)
+                continue
+            yield data
 
     def prompt_features(self, source: str, cancelled: threading.Event | None = None) -> PromptFeatures:
         """Prompt audio file -> PromptFeatures, computed in a worker (the ONNX models live there)."""

@@ -40,7 +40,8 @@ def serve(engine, conn) -> None:
                     send(("result", r.id, result))
             else:
                 req = SynthesisRequest.from_wire(r.payload)
-                chunks = engine.synthesize_duplex(req, r.pieces()) if r.kind == "duplex" else engine.synthesize(req)
+                chunks = (engine.synthesize_duplex(req, r.pieces(), lambda text: send(("taken", r.id, text)))
+                          if r.kind == "duplex" else engine.synthesize(req))
                 for chunk in chunks:
                     if r.cancelled.is_set():
                         break

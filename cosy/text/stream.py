@@ -15,6 +15,7 @@ from collections.abc import Iterable, Iterator
 
 from cosy.text.frontend import TextFrontend
 from cosy.text.normalize import contains_chinese
+from cosy.text.split import CLOSING_QUOTES, EN_SENTENCE_ENDS, ZH_SENTENCE_ENDS
 
 _TAIL = re.compile(r"\s*[0-9A-Za-z'.,:%/\-]*$")  # what may continue in the next piece
 
@@ -45,4 +46,45 @@ def _normalized(frontend: TextFrontend, text: str) -> str:
     return out
 
 
-__all__ = ["split_tail", "stream_pieces"]
+class Sentences:
+    """The sentences of a normalized text stream as the LM takes it (for DashScope's sentence events).
+
+    `take(text)` and `finish()` return marks in order: ("begin", index, "") when a sentence's first character
+    is taken, ("end", index, sentence) when the next sentence begins or the text ends. A sentence ends after
+    a mark of the official split rule (`cosy.text.split`), with any closing quote right after it.
+    """
+
+    ENDS = ZH_SENTENCE_ENDS | EN_SENTENCE_ENDS
+
+    def __init__(self) -> None:
+        self.index = -1
+        self.current = ""  # the open sentence ("" before the first)
+        self.complete = False  # the open sentence has its end mark
+        self.characters = 0  # characters of the sentences ended so far
+
+    def take(self, text: str) -> list[tuple[str, int, str]]:
+        marks: list[tuple[str, int, str]] = []
+        for c in text:
+            if not self.current and c.isspace():
+                continue
+            if self.complete and c not in self.ENDS and c not in CLOSING_QUOTES:
+                marks += self.finish()
+                if c.isspace():
+                    continue
+            if not self.current:
+                self.index += 1
+                marks.append(("begin", self.index, ""))
+            self.current += c
+            self.complete = self.complete or c in self.ENDS
+        return marks
+
+    def finish(self) -> list[tuple[str, int, str]]:
+        """The end of the open sentence, if any."""
+        if not self.current:
+            return []
+        sentence, self.current, self.complete = self.current.strip(), "", False
+        self.characters += len(sentence)
+        return [("end", self.index, sentence)]
+
+
+__all__ = ["Sentences", "split_tail", "stream_pieces"]
