@@ -12,7 +12,7 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import FIXTURES
+from conftest import FIXTURES, STATE_DICT_LIST_CV3, reference_entries
 from safetensors.torch import load_file
 
 from cosy.hift.noise_tables import NoiseTables, state_before_source
@@ -27,7 +27,6 @@ from cosy.verify.golden_check import run
 from cosy.verify.random_model.cosyvoice3_speech import write_flow_hift, yaml_text
 
 GOLDEN_CV3 = FIXTURES / "golden-cv3"
-STATE_DICT_CV3 = FIXTURES / "cosyvoice3-state-dict.txt"
 KINDS = {"flow", "hift", "token2wav"}
 
 
@@ -125,17 +124,6 @@ def test_dit_flow_padded_batch_equals_solo(model_dir, tensors):
         assert mine.shape == solo.shape and (mine - solo).abs().max() < 1e-5
 
 
-def _reference(section: str) -> list[tuple[str, tuple[int, ...], str]]:
-    out, current = [], None
-    for line in STATE_DICT_CV3.read_text().splitlines():
-        if line.startswith("###"):
-            current = line.split()[1]
-        elif current == section and line.strip() and not line.startswith("#"):
-            key, dims, dtype = re.fullmatch(r"(\S+) \(([\d, ]*)\) (\S+)", line.strip()).groups()
-            out.append((key, tuple(int(d) for d in dims.split(",") if d.strip()), dtype))
-    return out
-
-
 def test_random_full_size_flow_hift_match_the_published_layout(tmp_path):
     """Our builder's full-size flow.pt / hift.pt: the published keys (in order), shapes and dtypes, and they
     load strictly into our modules."""
@@ -146,7 +134,8 @@ def test_random_full_size_flow_hift_match_the_published_layout(tmp_path):
     md = ModelDir(tmp_path)
     for section, name in (("flow", "flow.pt"), ("hift", "hift.pt")):
         sd = md.state_dict(name)
-        assert [(k, tuple(v.shape), str(v.dtype)) for k, v in sd.items()] == _reference(section), name
+        got = [(k, tuple(v.shape), str(v.dtype)) for k, v in sd.items()]
+        assert got == reference_entries(section, STATE_DICT_LIST_CV3), name
     flow, hift = load_flow(md), load_hift(md)
     assert sum(p.numel() for p in flow.parameters()) == 332_257_088  # as published (inv_freq: a buffer)
     assert sum(p.numel() for p in hift.parameters()) < 20_779_887  # weight norm folded: no g tensors

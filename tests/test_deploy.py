@@ -1,4 +1,5 @@
-"""cosy.deploy.models (model dir resolution, downloads once under a lock) and cosy.deploy.data_dir (shared --data_dir)."""
+"""cosy.deploy.models (model dir resolution, downloads once under a lock) and cosy.deploy.data_dir (shared
+--data_dir)."""
 from __future__ import annotations
 
 import functools

@@ -60,7 +60,8 @@ def test_cosyvoice2_is_detected_from_its_yaml(tmp_path):
     assert ModelDir(tmp_path).family is CV2
     assert ModelDir(tmp_path).missing() == list(CV2.files.all[1:])
     assert CV2.tokens.vocab == 6564 and CV2.tokens.stop == (6561, 6562, 6563)
-    assert CV2.instruct_prompt("用粤语说") == "用粤语说<|endofprompt|>" == CV2.instruct_prompt("用粤语说<|endofprompt|>")
+    marked = "用粤语说<|endofprompt|>"
+    assert CV2.instruct_prompt("用粤语说") == marked == CV2.instruct_prompt(marked)
 
 
 def test_unknown_directory_names_the_yamls_looked_for(tmp_path):
@@ -110,7 +111,8 @@ def test_a_second_family_is_followed_by_every_layer(registered, tiny_model_dir, 
 
     # the vLLM export: architecture, family name, served name and export directory
     cfg = vllm_config(md)
-    assert (cfg["architectures"], cfg["cosy_family"], cfg["vocab_size"]) == (["TestVoiceForCausalLM"], "testvoice", 6564)
+    got = (cfg["architectures"], cfg["cosy_family"], cfg["vocab_size"])
+    assert got == (["TestVoiceForCausalLM"], "testvoice", 6564)
     fp = llm_fingerprint(d, tmp_path / "cache")
     assert served_model_name(fp, TEST) == "testvoice-" + fp[:16]
     out = export_for_vllm(d, tmp_path / "cache")

@@ -88,7 +88,8 @@ def frontend(backend, tiny_model_dir, tmp_path_factory):
               "--llm_base_url", backend.url, "--llm_api_key", backend.api_key,
               "--llm_stall_timeout", str(STALL)).wait()
     url = app.url.rstrip("/")
-    r = httpx.post(f"{url}/api/v1/audio/reference_audio", files={"file": ("p.wav", (ASSETS / "zero_shot_prompt.wav").read_bytes())},
+    wav = (ASSETS / "zero_shot_prompt.wav").read_bytes()
+    r = httpx.post(f"{url}/api/v1/audio/reference_audio", files={"file": ("p.wav", wav)},
                    data={"text": ZS_TEXT}, timeout=120)
     assert r.status_code == 200, r.text
     yield url, r.json()["id"]

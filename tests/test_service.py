@@ -24,7 +24,8 @@ def pool(tiny_model_dir):
 
 
 def request(**kw) -> SynthesisRequest:
-    return SynthesisRequest(**{**dict(mode="zero_shot", text=LONG, prompt_text=ZS_TEXT, prompt_wav=ZS_WAV, seed=1), **kw})
+    base = dict(mode="zero_shot", text=LONG, prompt_text=ZS_TEXT, prompt_wav=ZS_WAV, seed=1)
+    return SynthesisRequest(**{**base, **kw})
 
 
 def test_two_workers_serve_two_requests_at_once(pool):

@@ -87,8 +87,8 @@ def test_eight_concurrent_requests_equal_their_solo_runs(engines, voice):
 
 def test_batched_whole_utterances_equal_their_solo_runs(engines, voice):
     old, new = engines
-    reqs = [SynthesisRequest(mode="voice", voice=voice, prompt_text=ZS_TEXT, text=TEXTS[i % 4], seed=i, stream=i % 2 == 1)
-            for i in range(6)]
+    reqs = [SynthesisRequest(mode="voice", voice=voice, prompt_text=ZS_TEXT, text=TEXTS[i % 4], seed=i,
+                             stream=i % 2 == 1) for i in range(6)]
     solo = [list(old.synthesize(r)) for r in reqs]
     batching, gate = SpeechScheduler(max_rows=8), threading.Event()
 

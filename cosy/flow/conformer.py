@@ -101,7 +101,8 @@ class RelPositionMultiHeadedAttention(nn.Module):
         nn.init.xavier_uniform_(self.pos_bias_v)
 
     def forward(self, x: Tensor, pos_emb: Tensor, mask: Tensor | None) -> Tensor:
-        """x (B, T, D), pos_emb (1, 2T-1, D), mask (T, T) or (B, 1, T|1, T) bool or None (full attention) -> (B, T, D)."""
+        """x (B, T, D), pos_emb (1, 2T-1, D), mask (T, T) or (B, 1, T|1, T) bool or None (full attention)
+        -> (B, T, D)."""
         b, t, _ = x.shape
         q = self.linear_q(x).view(b, t, self.h, self.d_k)
         k = self.linear_k(x).view(b, t, self.h, self.d_k).transpose(1, 2)

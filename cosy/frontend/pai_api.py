@@ -132,8 +132,9 @@ def resolve_options(body: PaiSpeech) -> dict:
         if name == "bit_rate":
             inner, outer = parse_bit_rate(inner, "input.bit_rate"), parse_bit_rate(outer, "bit_rate")
         if inner is not None and outer is not None and inner != outer:
-            raise BadRequest(f"{name} is given twice with different values (input.{name}={getattr(body.input, name)!r}, "
-                             f"top-level {name}={getattr(body, name)!r}): send it once, inside input as published")
+            raise BadRequest(f"{name} is given twice with different values (input.{name}="
+                             f"{getattr(body.input, name)!r}, top-level {name}={getattr(body, name)!r}): send it "
+                             "once, inside input as published")
         out[name] = inner if inner is not None else outer if outer is not None else default
     out["bit_rate"] = parse_bit_rate(out["bit_rate"])
     return out
