@@ -4,6 +4,7 @@
         [--concurrency 1,4,8] [--requests 0] [--modes zero_shot,cross_lingual,instruct,voice] [--apis pai,openai]
         [--tokens 100] [--capacity] [--split_cost] [--json OUT] [--device cpu]
         [--backend_url URL] [--frontend_urls URL,URL] [--api_key KEY] [--llm_api_key KEY]
+        [--backend_cpus LIST] [--frontend_cpus LIST]
 
 Starts the backend (launch/backend.py) and the frontends (app.py with `--fixed_tokens`, so every request
 generates exactly --tokens speech tokens whatever the random weights prefer) on one shared data dir, unless
@@ -15,7 +16,9 @@ generation tokens/s).
   frontend's token consumption at its own saturation (workers x max_batch x 2 requests in flight, LM remote),
   frontends per backend = a / b; then the run above with --frontends confirms it (tokens/s of all frontends).
 --split_cost: the same requests one at a time through the backend and with the embedded LM (a second frontend
-  without --llm_base_url): first-packet and total latency, and their difference.
+  without --llm_base_url, on every CPU): first-packet and total latency, and their difference.
+--backend_cpus / --frontend_cpus: the CPU budgets (`--cpus` of launch/backend.py and app.py) of a one-machine
+  split.
 """
 from __future__ import annotations
 
@@ -43,12 +46,15 @@ READY = "cosy frontend ready: "
 TOKEN_RATE = 25  # speech tokens per second of audio
 
 
-def start_frontend(model_dir: Path, data_dir: Path, port: int, args, llm_url: str | None) -> tuple:
+def start_frontend(model_dir: Path, data_dir: Path, port: int, args, llm_url: str | None,
+                   cpus: str | None = None) -> tuple:
     cmd = [sys.executable, str(ROOT / "app.py"), "--model_dir", str(model_dir), "--data_dir", str(data_dir),
            "--host", "127.0.0.1", "--port", str(port), "--workers", str(args.workers), "--max_batch",
            str(args.max_batch), "--fixed_tokens", str(args.tokens), "--device", args.device, "--max_queue", "256"]
     if llm_url:
         cmd += ["--llm_base_url", llm_url, "--llm_api_key", args.llm_api_key]
+    if cpus:
+        cmd += ["--cpus", cpus]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
                             start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     tail: list[str] = []
@@ -166,6 +172,8 @@ def main() -> None:
     ap.add_argument("--capacity", action="store_true")
     ap.add_argument("--split_cost", action="store_true")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--backend_cpus", help="the backend's --cpus (default: vLLM's auto binding)")
+    ap.add_argument("--frontend_cpus", help="the frontends' --cpus (default: every CPU)")
     ap.add_argument("--backend_url")
     ap.add_argument("--frontend_urls")
     ap.add_argument("--api_key", default=os.environ.get("COSY_API_KEY"), help="the frontends' key, if any")
@@ -182,13 +190,15 @@ def main() -> None:
         llm_url = args.backend_url
         if not llm_url:
             from lm_throughput import start_backend
-            proc, llm_url = start_backend(model_dir, 8123, args.llm_api_key)
+            extra = ("--cpus", args.backend_cpus) if args.backend_cpus else ()
+            proc, llm_url = start_backend(model_dir, 8123, args.llm_api_key, extra)
             procs.append(proc)
         metrics = BackendMetrics(llm_url, args.llm_api_key)
         if args.frontend_urls:
             urls = args.frontend_urls.split(",")
         else:
-            started = [start_frontend(model_dir, data_dir, 8200 + i, args, llm_url) for i in range(args.frontends)]
+            started = [start_frontend(model_dir, data_dir, 8200 + i, args, llm_url, args.frontend_cpus)
+                       for i in range(args.frontends)]
             procs += [p for p, _ in started]
             urls = [u for _, u in started]
         targets = [load.prepare(load.Target(u, args.api_key)) for u in urls]

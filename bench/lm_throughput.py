@@ -68,9 +68,9 @@ def measure(lm, embeds, n_tokens: int, concurrency: int) -> tuple[float, float, 
     return sum(counts) / wall, statistics.median(q), q[min(len(q) - 1, int(0.95 * len(q)))]
 
 
-def start_backend(model_dir: Path, port: int, key: str) -> tuple[subprocess.Popen, str]:
+def start_backend(model_dir: Path, port: int, key: str, extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen([sys.executable, str(ROOT / "launch" / "backend.py"), "--model_dir", str(model_dir),
-                             "--host", "127.0.0.1", "--port", str(port), "--api_key", key],
+                             "--host", "127.0.0.1", "--port", str(port), "--api_key", key, *extra],
                             stdout=subprocess.PIPE, text=True, start_new_session=True)
     for line in proc.stdout:
         print("  backend:", line.rstrip(), flush=True)

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from cosy.deploy.cpus import format_cpus, parse_cpus, pin
 from cosy.lm.export import WEIGHTS, export_for_vllm, llm_fingerprint, served_model_name
 from cosy.model.files import ModelDir, ModelDirError
 from cosy.vllm_plugin import LOGITS_PROCESSOR
@@ -63,6 +64,10 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--kv_cache_gib", type=float, default=None,
                    help="GPU KV cache in GiB (vLLM --kv-cache-memory-bytes); default: what max_num_seqs sequences "
                         "of max_model_len tokens need (about 3 GiB for CosyVoice2 in bfloat16 at 64 x 4096)")
+    p.add_argument("--cpus", default=None,
+                   help="CPU only: the CPU list vLLM runs on, its OpenMP threads one per listed CPU, e.g. 0 "
+                        "(default: vLLM's auto binding, which keeps one core for its scheduler); on one machine "
+                        "with frontends give each its own cores (see README 'One machine')")
     p.add_argument("--max_num_seqs", type=int, default=None, help="16 on CPU, 64 on GPU by default")
     p.add_argument("--max_model_len", type=int, default=None, help="2048 on CPU, 4096 on GPU by default")
     p.add_argument("--cache_dir", default=None, help="writable export cache (default $COSY_CACHE or ~/.cache/cosy)")
@@ -80,6 +85,11 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         args.api_key = None
     elif not args.api_key:
         p.error(f"--api_key, --api_key_file (or ${API_KEY_ENV}) is required; pass --no_api_key to serve without one")
+    if args.cpus is not None:
+        try:
+            parse_cpus(args.cpus)
+        except ValueError as e:
+            p.error(f"--cpus: {e}")
     return args, extra
 
 
@@ -120,6 +130,8 @@ def vllm_command(args: argparse.Namespace, export_dir: Path, name: str, gpu: boo
         env["VLLM_API_KEY"] = args.api_key
     if not gpu:
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB of KV cache
+        if args.cpus:  # the OpenMP pool on exactly these CPUs (vLLM's own rule; the process is pinned too)
+            env["VLLM_CPU_OMP_THREADS_BIND"] = format_cpus(parse_cpus(args.cpus))
     return cmd + extra, env
 
 
@@ -246,6 +258,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     gpu = torch.cuda.is_available()
+    if args.cpus and not gpu:
+        try:
+            pin(args.cpus)  # vLLM's server, engine and worker processes inherit it
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     cmd, env = vllm_command(args, export_dir, name, gpu, extra)
     print(f"cosy backend: serving {export_dir} as {name} on {'GPU' if gpu else 'CPU'}", file=sys.stderr)
     child = Child(cmd, env)

@@ -62,6 +62,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fixed_tokens", type=int, default=0,
                    help="benchmarks only: every request generates exactly N speech tokens (stop tokens "
                         "masked), so random weights cannot skew lengths (default 0: off)")
+    p.add_argument("--cpus", default=None,
+                   help="CPU list the app and its workers run on, e.g. 1-3 (default: every CPU allowed); on one "
+                        "machine with the LM backend give each its own cores (see README 'One machine')")
     p.add_argument("--enable_mps", action="store_true",
                    help="run the workers under a CUDA MPS daemon of this app's own (started with it, stopped "
                         "at exit; other CUDA processes such as the LM backend stay outside it)")
@@ -108,6 +111,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("--workers and --max_batch must be >= 1 and --max_queue >= 0")
     if args.fixed_tokens < 0:
         p.error("--fixed_tokens must be >= 0")
+    if args.cpus is not None:
+        from cosy.deploy.cpus import parse_cpus
+        try:
+            parse_cpus(args.cpus)
+        except ValueError as e:
+            p.error(f"--cpus: {e}")
     from cosy.deploy.keyfile import KeyFileError, read_key_file
     for flag, dest in (("--api_key_file", "api_key"), ("--llm_api_key_file", "llm_api_key")):
         path = getattr(args, dest + "_file")
@@ -276,6 +285,13 @@ class _Server(uvicorn.Server):
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.cpus is not None:
+        from cosy.deploy.cpus import pin
+        try:
+            say(f"running on CPUs {args.cpus} ({len(pin(args.cpus))} cores)")  # workers inherit it
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
     mps = MpsDaemon(store.TEMP_ROOT / "mps") if args.enable_mps else None
     from cosy.frontend import gradio_api
     gradio_api.RESULT_BOUNDS = store.Bounds.of(args.results_max_age, args.results_max_mb)

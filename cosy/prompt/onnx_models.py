@@ -10,13 +10,13 @@ encoder) runs on CUDA when this onnxruntime build has it, as in the official cod
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 import torch
 
+from cosy.deploy.cpus import usable_cores
 from cosy.model.files import ModelDirError
 
 log = logging.getLogger(__name__)
@@ -30,7 +30,7 @@ MAX_TOKENIZER_FRAMES = 3000  # 30 s of 100 Hz Whisper frames: the encoder's posi
 
 def default_threads() -> int:
     """Intra-op threads per session: half the cores (the rest run torch features and other requests), 1-4."""
-    return max(1, min(4, (os.cpu_count() or 2) // 2))
+    return max(1, min(4, usable_cores() // 2))
 
 
 def _session(path: Path, threads: int, providers: list[str], gpu: int = 0) -> ort.InferenceSession:

@@ -15,6 +15,7 @@ import signal
 from collections import deque
 from dataclasses import dataclass, field
 
+from cosy.deploy.cpus import usable_cores
 from cosy.errors import Cancelled, JobError
 from cosy.pipeline.request import SynthesisRequest
 
@@ -199,7 +200,7 @@ def _serve(spec: EngineSpec, conn, cancel, health, prepare) -> None:
     from cosy.lm.pool import BackendPool
     from cosy.pipeline.engine import Engine
 
-    torch.set_num_threads(spec.threads or max(1, (os.cpu_count() or 1)))
+    torch.set_num_threads(spec.threads or usable_cores())
     if spec.device.startswith("cuda:"):  # this worker's GPU is the current one (cuDNN handles, bare "cuda")
         torch.cuda.set_device(spec.device)
     try:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from cosy.deploy.cpus import usable_cores
 from cosy.errors import Busy, Cancelled, JobError
 from cosy.pipeline.request import SynthesisRequest
 from cosy.prompt.encoder import PromptFeatures
@@ -93,7 +94,7 @@ class WorkerPool:
     def worker_spec(self, index: int) -> EngineSpec:
         """Worker `index`'s spec: its device from the pool's list (round-robin), its share of the cores."""
         spec = self.spec
-        threads = spec.threads or max(1, (os.cpu_count() or 1) // self.n_workers)  # share the cores
+        threads = spec.threads or max(1, usable_cores() // self.n_workers)  # share the cores we may use
         return EngineSpec(**{**vars(spec), "threads": threads, "device": device_of_worker(spec.device, index)})
 
     def _spawn(self, ctx, index: int):

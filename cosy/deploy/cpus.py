@@ -1,0 +1,70 @@
+"""CPU budgets: which cores a process (and the processes it starts) may use, and how many threads that gives.
+
+    --cpus 0-3,8      a Linux CPU list (the format of taskset -c and /proc/self/status Cpus_allowed_list)
+
+Why: a vLLM backend and a frontend on one machine each size their OpenMP pools as if they owned every core.
+With both pools on the same cores their threads take turns at every parallel region's barrier and both
+slow down; on disjoint cores the LM decode and the flow/HiFT work run side by side. The budget is applied
+with sched_setaffinity, which every child inherits (the frontend's workers, vLLM's engine processes), and
+the thread counts follow the cores a process may use (not the machine's count).
+"""
+from __future__ import annotations
+
+import os
+
+__all__ = ["allowed_cpus", "format_cpus", "parse_cpus", "pin", "usable_cores"]
+
+
+def parse_cpus(text: str) -> list[int]:
+    """'0-2,5' -> [0, 1, 2, 5]; ValueError naming what is wrong."""
+    cpus: set[int] = set()
+    for part in text.replace(" ", "").split(","):
+        if not part:
+            raise ValueError(f"CPU list {text!r}: an empty item")
+        lo, _, hi = part.partition("-")
+        try:
+            first, last = int(lo), int(hi or lo)
+        except ValueError:
+            raise ValueError(f"CPU list {text!r}: {part!r} is not a number or a range a-b") from None
+        if first < 0 or last < first:
+            raise ValueError(f"CPU list {text!r}: {part!r} is not an ascending range of CPU ids")
+        cpus.update(range(first, last + 1))
+    return sorted(cpus)
+
+
+def format_cpus(cpus: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2,5'."""
+    out, run = [], []
+    for c in sorted(set(cpus)):
+        if run and c != run[-1] + 1:
+            out.append(_run(run))
+            run = []
+        run.append(c)
+    if run:
+        out.append(_run(run))
+    return ",".join(out)
+
+
+def _run(run: list[int]) -> str:
+    return str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}"
+
+
+def allowed_cpus() -> list[int]:
+    """The CPUs this process may run on (a container's cpuset or an earlier pin included)."""
+    return sorted(os.sched_getaffinity(0))
+
+
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) or 1
+
+
+def pin(text: str) -> list[int]:
+    """Restrict this process (and its future children) to the CPU list `text`; ValueError when the list
+    names CPUs this process may not use."""
+    cpus = parse_cpus(text)
+    allowed = allowed_cpus()
+    if missing := [c for c in cpus if c not in allowed]:
+        raise ValueError(f"--cpus {text}: CPU(s) {format_cpus(missing)} are not available here "
+                         f"(this process may use {format_cpus(allowed)})")
+    os.sched_setaffinity(0, cpus)
+    return cpus

@@ -1,0 +1,65 @@
+"""CPU budgets (`--cpus` of app.py and launch/backend.py, `cosy.deploy.cpus`): lists, pinning a real app and
+its workers, the backend's OpenMP binding, and clear errors."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+from servers import App
+
+from cosy.deploy.backend import parse_args, vllm_command
+from cosy.deploy.cpus import format_cpus, parse_cpus
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_cpu_lists_parse_and_format():
+    assert parse_cpus("0-2,5") == [0, 1, 2, 5] == parse_cpus(" 5, 0-2,1")
+    assert format_cpus([8, 0, 1, 2, 5, 7]) == "0-2,5,7-8" and format_cpus([3]) == "3"
+    for bad, words in (("a", "'a' is not a number"), ("3-1", "not an ascending range"), ("0,,1", "empty item"),
+                       ("-1", "is not a number")):
+        with pytest.raises(ValueError, match=words):
+            parse_cpus(bad)
+
+
+def test_pin_restricts_the_process_and_names_missing_cpus():
+    first = min(os.sched_getaffinity(0))
+    code = ("import os, sys; from cosy.deploy.cpus import pin, usable_cores; pin(sys.argv[1]); "
+            "print(sorted(os.sched_getaffinity(0)), usable_cores())")
+    out = subprocess.run([sys.executable, "-c", code, str(first)], cwd=ROOT, capture_output=True, text=True)
+    assert out.stdout.split() == [f"[{first}]", "1"], out.stderr
+    out = subprocess.run([sys.executable, "-c", code, "4096"], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode != 0 and "CPU(s) 4096 are not available here" in out.stderr
+
+
+def test_backend_binds_vllm_openmp_to_its_cpus(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 8}))
+    args, extra = parse_args(["--model_dir", str(tmp_path), "--no_api_key", "--cpus", "1,0"])
+    env = vllm_command(args, tmp_path, "m", False, extra)[1]
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
+    args, extra = parse_args(["--model_dir", str(tmp_path), "--no_api_key"])
+    assert vllm_command(args, tmp_path, "m", False, extra)[1].get("VLLM_CPU_OMP_THREADS_BIND") == \
+        os.environ.get("VLLM_CPU_OMP_THREADS_BIND")  # not given: vLLM's own (auto) binding
+    with pytest.raises(SystemExit):
+        parse_args(["--model_dir", str(tmp_path), "--no_api_key", "--cpus", "x"])
+
+
+def test_app_and_its_workers_run_on_the_given_cpus(tiny_model_dir, tmp_path):
+    cpu = str(min(os.sched_getaffinity(0)))
+    app = App("--model_dir", str(tiny_model_dir), "--data_dir", str(tmp_path / "data"), "--cpus", cpu)
+    try:
+        app.wait()
+        procs = [psutil.Process(app.proc.pid), *psutil.Process(app.proc.pid).children(recursive=True)]
+        assert len(procs) >= 2  # the app and at least its worker
+        assert {tuple(p.cpu_affinity()) for p in procs} == {(int(cpu),)}
+        assert any(f"running on CPUs {cpu} (1 cores)" in line for line in app.lines)
+    finally:
+        app.stop()
+    bad = subprocess.run([sys.executable, str(ROOT / "app.py"), "--model_dir", str(tiny_model_dir), "--cpus", "4096"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "CPU(s) 4096 are not available here" in bad.stderr
