@@ -150,7 +150,8 @@ def drive(targets, args, metrics: BackendMetrics, levels: list[int], report: dic
             m: load.summarize([r for r in results if r.mode == m], wall) for m in modes}})
         print(row(f"x{n} all", overall) + ("  errors: " + "; ".join(overall["errors"]) if overall["errors"] else ""))
         for m in modes:
-            print(row(f"x{n}   {m}", report["levels"][-1]["modes"][m]))
+            if report["levels"][-1]["modes"][m]["requests"]:  # (few requests may leave a mode out)
+                print(row(f"x{n}   {m}", report["levels"][-1]["modes"][m]))
         if backend:
             print(f"x{n} backend: running max {backend['running_max']:.0f}, waiting max "
                   f"{backend['waiting_max']:.0f}, {backend['tokens_per_s']:.1f} tokens/s", flush=True)

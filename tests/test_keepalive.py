@@ -1,0 +1,89 @@
+"""The backend's keepalive middleware (cosy.vllm_plugin.keepalive) on a real uvicorn server with a real httpx
+client: a streaming completion that waits (as one vLLM queues does) sends SSE comments until its first data,
+none after it, and other responses pass unchanged."""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import httpx
+import pytest
+import uvicorn
+from servers import free_port
+from starlette.applications import Starlette
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
+
+from cosy.vllm_plugin.keepalive import COMMENT, QueueKeepalive
+
+WAIT = 2.5  # seconds before the first token; the client's read timeout is 1 s
+
+
+async def completions(request):
+    gap = float(request.query_params.get("gap", 0))
+
+    async def tokens():
+        await asyncio.sleep(WAIT)  # queued
+        yield b'data: {"t": 1}\n\n'
+        await asyncio.sleep(gap)  # a stall between tokens
+        yield b'data: {"t": 2}\n\n'
+        yield b"data: [DONE]\n\n"
+    return StreamingResponse(tokens(), media_type="text/event-stream")
+
+
+async def models(request):
+    return JSONResponse({"data": []})
+
+
+@pytest.fixture(scope="module")
+def server():
+    app = Starlette(routes=[Route("/v1/completions", completions, methods=["POST"]), Route("/v1/models", models)])
+    port = free_port()
+    srv = uvicorn.Server(uvicorn.Config(QueueKeepalive(app), host="127.0.0.1", port=port, log_level="warning"))
+    threading.Thread(target=srv.run, daemon=True).start()
+    deadline = time.monotonic() + 30
+    while not srv.started:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}/v1"
+    srv.should_exit = True
+
+
+def read(url: str, gap: float = 0.0) -> list[tuple[float, bytes]]:
+    lines, start = [], time.monotonic()
+    with httpx.stream("POST", f"{url}/completions?gap={gap}", json={}, timeout=httpx.Timeout(1.0)) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line:
+                lines.append((time.monotonic() - start, line.encode()))
+    return lines
+
+
+def test_comments_keep_a_waiting_stream_alive_until_its_first_token(server):
+    lines = read(server)
+    comments = [t for t, line in lines if line + b"\n\n" == COMMENT]
+    data = [line for _, line in lines if line.startswith(b"data:")]
+    assert data == [b'data: {"t": 1}', b'data: {"t": 2}', b"data: [DONE]"]
+    assert len(comments) >= 2 and all(t < WAIT for t in comments)  # only before the first token
+
+
+def test_a_stall_after_the_first_token_stays_silent(server):
+    with pytest.raises(httpx.ReadTimeout):  # no comments between tokens: the frontend's stall timeout works
+        read(server, gap=2.0)
+
+
+def test_the_backend_serves_with_it(tmp_path):
+    import json
+
+    from cosy.deploy.backend import parse_args, vllm_command
+    from cosy.vllm_plugin import KEEPALIVE
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 8}))
+    args, extra = parse_args(["--model_dir", str(tmp_path), "--no_api_key"])
+    cmd = vllm_command(args, tmp_path, "m", False, extra)[0]
+    assert cmd[cmd.index("--middleware") + 1] == KEEPALIVE == f"{QueueKeepalive.__module__}.QueueKeepalive"
+
+
+def test_other_routes_pass_unchanged(server):
+    r = httpx.get(f"{server}/models", timeout=5)
+    assert r.status_code == 200 and r.json() == {"data": []}
