@@ -180,7 +180,7 @@ class WorkerPool:
 
     def _interrupt(self, conn, job: Job) -> None:
         """Stop a max_batch-1 worker's flow/HiFT computation now (see _Interrupt)."""
-        if INTERRUPT is not None and job.kind == "synthesize" and conn in self._pids:
+        if INTERRUPT is not None and job.kind in ("synthesize", "duplex") and conn in self._pids:
             try:
                 os.kill(self._pids[conn], INTERRUPT)
             except OSError:
