@@ -2,7 +2,7 @@
 vLLM backend (`launch/backend.py`), fixed token counts.
 
     python bench/lm_throughput.py [--model_dir DIR] [--tokens 100] [--concurrency 1,8,16]
-                                  [--backend_url URL --api_key KEY | --start_backend]
+                                  [--backend_url URL --api_key KEY | --start_backend [--backend_cpus LIST]]
                                   [--device cuda --dtype bfloat16 --no_tf32]   (the embedded LM's)
 
 Without --model_dir the full-size random model of bench/synthesis.py is used (built if missing).
@@ -68,9 +68,10 @@ def measure(lm, embeds, n_tokens: int, concurrency: int) -> tuple[float, float, 
     return sum(counts) / wall, statistics.median(q), q[min(len(q) - 1, int(0.95 * len(q)))]
 
 
-def start_backend(model_dir: Path, port: int, key: str, extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, str(ROOT / "launch" / "backend.py"), "--model_dir", str(model_dir),
-                             "--host", "127.0.0.1", "--port", str(port), "--api_key", key, *extra],
+def start_backend(model_dir: Path, port: int, key: str, extra: tuple[str, ...] = (),
+                  prefix: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen([*prefix, sys.executable, str(ROOT / "launch" / "backend.py"), "--model_dir",
+                             str(model_dir), "--host", "127.0.0.1", "--port", str(port), "--api_key", key, *extra],
                             stdout=subprocess.PIPE, text=True, start_new_session=True)
     for line in proc.stdout:
         print("  backend:", line.rstrip(), flush=True)
@@ -90,6 +91,7 @@ def main() -> None:
     ap.add_argument("--api_key", default=os.environ.get("COSY_LLM_API_KEY", "bench-key"))
     ap.add_argument("--start_backend", action="store_true")
     ap.add_argument("--skip_embedded", action="store_true")
+    ap.add_argument("--backend_cpus", default=None, help="--start_backend: its --cpus (default: vLLM's binding)")
     add_device_args(ap)
     args = ap.parse_args()
     check_device_args(ap, args)
@@ -111,7 +113,8 @@ def main() -> None:
     proc = None
     url = args.backend_url
     if args.start_backend:
-        proc, url = start_backend(model_dir, 8123, args.api_key)
+        extra = ("--cpus", args.backend_cpus) if args.backend_cpus else ()
+        proc, url = start_backend(model_dir, 8123, args.api_key, extra)
     try:
         if url:
             from cosy.lm.remote import RemoteLM  # the backend client (openai): only when there is a backend
