@@ -39,13 +39,14 @@ def test_stream_pieces_never_breaks_numbers_or_words(tiny_model_dir):
 
 def test_sentences_mark_begin_and_end_as_the_text_is_taken():
     s = Sentences()
-    assert s.take("  你好") == [("begin", 0, "")]
+    assert s.take("  你好") == [("begin", 0, "", 0)]
     assert s.take("。") == []  # ends only when the next one begins (or the text ends)
     assert s.take("”") == []  # a closing quote stays with its sentence
-    assert s.take(" Hi there!") == [("end", 0, "你好。”"), ("begin", 1, "")]
-    assert s.take("?! Ok") == [("end", 1, "Hi there!?!"), ("begin", 2, "")]
-    assert s.characters == len("你好。”") + len("Hi there!?!")
-    assert s.finish() == [("end", 2, "Ok")] and s.finish() == [] and s.take("") == []
+    assert s.take(" Hi there!") == [("end", 0, "你好。”", 4), ("begin", 1, "", 4)]
+    # several sentences in one piece: each end counts the characters through itself
+    assert s.take("?! Ok. Go") == [("end", 1, "Hi there!?!", 15), ("begin", 2, "", 15), ("end", 2, "Ok.", 18),
+                                   ("begin", 3, "", 18)]
+    assert s.finish() == [("end", 3, "Go", 20)] and s.finish() == [] and s.take("") == []
 
 
 @pytest.fixture(scope="module")

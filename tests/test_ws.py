@@ -253,7 +253,9 @@ def test_dashscope_sdk_streaming_call(stack):
     assert [o["original_text"] for o in ends] == ["你好，世界。", "今天天气很好。"]
     assert [o["sentence"]["index"] for o in ends] == [0, 1]
     assert ends[-1]["sentence"]["index"] == outputs[-2]["sentence"]["index"] == 1
-    assert cb.events[-1]["payload"]["usage"]["characters"] == len("你好，世界。今天天气很好。")
+    ends_usage = [e["payload"]["usage"]["characters"] for e in cb.events
+                  if e["payload"]["output"]["type"] == "sentence-end"]
+    assert ends_usage == [len("你好，世界。"), len("你好，世界。今天天气很好。")]  # through each sentence
     frames = [e for e in cb.events if e["payload"]["output"]["type"] == "sentence-synthesis"]
     assert abs(sum(e["payload"]["metrics"]["speech_len"] for e in frames) - seconds) < 0.01
     assert synth.get_first_package_delay() > 0

@@ -34,7 +34,7 @@ from cosy.frontend.service import FrontendService
 from cosy.frontend.speech_stream import _in_thread, _pieces
 from cosy.frontend.ws_params import Dialect, TaskParams
 from cosy.pipeline.request import MAX_TEXT_CHARS
-from cosy.text.stream import Sentences
+from cosy.text.stream import Mark, Sentences
 
 log = logging.getLogger(__name__)
 IDLE_TIMEOUT = 60.0  # seconds without a client message while a task runs (or before the first task)
@@ -196,16 +196,16 @@ class TaskSession:
     async def started(self, task: Task) -> None:
         await self.send(event("task-started", task.id))
 
-    async def sentence_marks(self, task: Task, marks: list[tuple[str, int, str]]) -> None:
+    async def sentence_marks(self, task: Task, marks: list[Mark]) -> None:
         """DashScope's sentence-begin / sentence-end events (result-generated without audio)."""
         if not self.dialect.sentence_events:
             return
-        for kind, index, text in marks:
-            output = {"sentence": {"index": index, "words": []}, "type": f"sentence-{kind}"}
+        for m in marks:
+            output = {"sentence": {"index": m.index, "words": []}, "type": f"sentence-{m.kind}"}
             payload = {"output": output}
-            if kind == "end":
-                output["original_text"] = text
-                payload["usage"] = {"characters": task.sentences.characters}
+            if m.kind == "end":
+                output["original_text"] = m.text
+                payload["usage"] = {"characters": m.characters}
             await self.send(event("result-generated", task.id, payload))
 
     async def audio(self, task: Task, data: bytes, metrics: dict) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator
+from typing import NamedTuple
 
 from cosy.text.frontend import TextFrontend
 from cosy.text.normalize import contains_chinese
@@ -46,12 +47,19 @@ def _normalized(frontend: TextFrontend, text: str) -> str:
     return out
 
 
+class Mark(NamedTuple):
+    kind: str  # "begin" | "end"
+    index: int  # the sentence's, from 0
+    text: str  # "end": the sentence; "begin": ""
+    characters: int  # characters of the sentences ended so far (this one included)
+
+
 class Sentences:
     """The sentences of a normalized text stream as the LM takes it (for DashScope's sentence events).
 
-    `take(text)` and `finish()` return marks in order: ("begin", index, "") when a sentence's first character
-    is taken, ("end", index, sentence) when the next sentence begins or the text ends. A sentence ends after
-    a mark of the official split rule (`cosy.text.split`), with any closing quote right after it.
+    `take(text)` and `finish()` return marks in order: begin when a sentence's first character is taken, end
+    when the next sentence begins or the text ends. A sentence ends after a mark of the official split rule
+    (`cosy.text.split`), with any closing quote right after it.
     """
 
     ENDS = ZH_SENTENCE_ENDS | EN_SENTENCE_ENDS
@@ -62,8 +70,8 @@ class Sentences:
         self.complete = False  # the open sentence has its end mark
         self.characters = 0  # characters of the sentences ended so far
 
-    def take(self, text: str) -> list[tuple[str, int, str]]:
-        marks: list[tuple[str, int, str]] = []
+    def take(self, text: str) -> list[Mark]:
+        marks: list[Mark] = []
         for c in text:
             if not self.current and c.isspace():
                 continue
@@ -73,18 +81,18 @@ class Sentences:
                     continue
             if not self.current:
                 self.index += 1
-                marks.append(("begin", self.index, ""))
+                marks.append(Mark("begin", self.index, "", self.characters))
             self.current += c
             self.complete = self.complete or c in self.ENDS
         return marks
 
-    def finish(self) -> list[tuple[str, int, str]]:
+    def finish(self) -> list[Mark]:
         """The end of the open sentence, if any."""
         if not self.current:
             return []
         sentence, self.current, self.complete = self.current.strip(), "", False
         self.characters += len(sentence)
-        return [("end", self.index, sentence)]
+        return [Mark("end", self.index, sentence, self.characters)]
 
 
-__all__ = ["Sentences", "split_tail", "stream_pieces"]
+__all__ = ["Mark", "Sentences", "split_tail", "stream_pieces"]
