@@ -2,7 +2,8 @@
 
     python bench/frontend.py [--model_dir DIR | --family cosyvoice2|cosyvoice3] [--tokens 100]
                              [--concurrency 1,4,8,16] [--lm backend,embedded]
-                             [--max_batch 16] [--cache_mb 4096] [--threads 2] [--device cuda --dtype bfloat16]
+                             [--max_batch 16] [--flow_batch N] [--cache_mb 4096] [--threads 2]
+                             [--device cuda --dtype bfloat16]
 
 Full-size random model of --family (built once into .cache/full-random or .cache/full-random-cv3). Every
 request: saved voice (features computed once, assets/zero_shot_prompt.wav, 3.5 s), streaming, exactly --tokens
@@ -85,7 +86,7 @@ def run_path(name, model_dir, url, key, args, levels) -> list[tuple]:
     engine = name == "engine"
     spec = EngineSpec(str(model_dir), device=args.device, dtype=args.dtype, tf32=args.tf32, llm_base_url=url,
                       llm_api_key=key, threads=args.threads, max_batch=args.max_batch if engine else 1,
-                      cache_mb=args.cache_mb if engine else 0)
+                      flow_batch=args.flow_batch if engine else 1, cache_mb=args.cache_mb if engine else 0)
     pool = WorkerPool(spec, workers=1, max_queue=64)
     pool.worker_prepare = functools.partial(fix_tokens, n=args.tokens)
     pool.start()
@@ -173,6 +174,8 @@ def main() -> None:
     ap.add_argument("--concurrency", default="1,4,8,16")
     ap.add_argument("--lm", default="backend,embedded")
     ap.add_argument("--max_batch", type=int, default=16)
+    ap.add_argument("--flow_batch", type=int, default=None,
+                    help="the engine's --flow_batch (default as the app: 1 on cpu, 8 on cuda)")
     ap.add_argument("--cache_mb", type=int, default=4096)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--api_key", default=os.environ.get("COSY_LLM_API_KEY", "bench-key"))
@@ -180,6 +183,8 @@ def main() -> None:
     add_device_args(ap)
     args = ap.parse_args()
     check_device_args(ap, args)
+    if args.flow_batch is None:
+        args.flow_batch = 8 if args.device.startswith("cuda") else 1
     torch.set_num_threads(args.threads)
     model_dir = bench_model_dir(ap, args)
     levels = [int(c) for c in args.concurrency.split(",")]

@@ -85,7 +85,7 @@ def test_eight_concurrent_requests_equal_their_solo_runs(engines, voice):
     print("batched steps (rows):", new.speech_runner.__self__.batches)
 
 
-def test_batched_whole_utterances_equal_their_solo_runs(engines, voice):
+def test_batched_flows_and_hift_steps_equal_their_solo_runs(engines, voice):
     old, new = engines
     reqs = [SynthesisRequest(mode="voice", voice=voice, prompt_text=ZS_TEXT, text=TEXTS[i % 4], seed=i,
                              stream=i % 2 == 1) for i in range(6)]
@@ -113,7 +113,12 @@ def test_batched_whole_utterances_equal_their_solo_runs(engines, voice):
         assert len(results[i]) == len(solo[i]), i
         for a, b in zip(results[i], solo[i]):
             assert a.shape == b.shape and (a - b).abs().max() < 1e-4, i
-    assert batching.batches and max(batching.batches) >= 3, batching.batches  # whole flows ran batched
+    rows = {}
+    for name, n in batching.batches:
+        rows[name] = max(rows.get(name, 0), n)
+    assert rows.get("run_jobs", 0) >= 3, batching.batches  # whole flows ran batched
+    assert rows.get("run_chunks", 0) >= 2, batching.batches  # streamed chunks of the voice at one place
+    assert rows.get("run_vocode", 0) >= 2, batching.batches  # and their HiFT steps
 
 
 def test_bad_companions_never_disturb_a_request(engines, voice, tmp_path):
@@ -178,5 +183,34 @@ def test_pool_holds_max_batch_requests_per_worker(tiny_model_dir):
             assert sum(c.size for c in g) > 0
         with pytest.raises(JobError):
             list(pool.synthesize(SynthesisRequest(mode="voice", text="x")))
+    finally:
+        pool.close()
+
+
+def test_flow_batch_flag_defaults_per_device_and_a_batching_pool_equals_solo(tiny_model_dir, engines):
+    from cosy.frontend import server
+
+    args = server.parse_args(["--model_dir", str(tiny_model_dir)])
+    assert server.flow_batch(args, "cpu") == 1 and server.flow_batch(args, "cuda:0") == 8
+    args = server.parse_args(["--model_dir", str(tiny_model_dir), "--flow_batch", "4"])
+    assert server.flow_batch(args, "cpu") == 4
+    with pytest.raises(SystemExit):
+        server.parse_args(["--model_dir", str(tiny_model_dir), "--flow_batch", "0"])
+    # a worker whose four whole-utterance flows may share one padded batch: each equals its solo run
+    old, _ = engines
+    reqs = [SynthesisRequest(mode="zero_shot", text=TEXTS[i], prompt_text=ZS_TEXT, prompt_wav=str(ZS_WAV), seed=i)
+            for i in range(4)]
+    solo = [np.concatenate([c.numpy() for c in old.synthesize(r)]) for r in reqs]
+    pool = WorkerPool(EngineSpec(str(tiny_model_dir), max_batch=4, flow_batch=4, cache_mb=64), workers=1).start()
+    try:
+        got, threads = {}, []
+        for i, r in enumerate(reqs):
+            threads.append(threading.Thread(target=lambda i=i, r=r: got.__setitem__(
+                i, np.concatenate(list(pool.synthesize(r))))))
+            threads[-1].start()
+        for t in threads:
+            t.join(120)
+        for i in range(4):
+            assert got[i].shape == solo[i].shape and np.abs(got[i] - solo[i]).max() < 1e-4, i
     finally:
         pool.close()

@@ -55,9 +55,6 @@ def _attention(run, attn, x: Tensor, angles: Tensor, name: str) -> Tensor:
     q = rotate_first(attn.to_q(x), angles)
     k = rotate_first(attn.to_k(x), angles)
     q, k, v = (y.view(b, n, attn.heads, attn.dim_head).transpose(1, 2) for y in (q, k, attn.to_v(x)))
-    if name + ".k" in run.old:
-        k = torch.cat([run.old[name + ".k"], k], dim=2)
-        v = torch.cat([run.old[name + ".v"], v], dim=2)
-    run.new[name + ".k"], run.new[name + ".v"] = k, v
+    k, v = run.extend(name, k, v)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=run.mask)
     return attn.to_out[0](out.transpose(1, 2).reshape(b, n, attn.heads * attn.dim_head))

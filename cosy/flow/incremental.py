@@ -47,11 +47,48 @@ def supports(flow: FlowModel) -> bool:
     return type(est) in ESTIMATES and est.cfg.num_decoding_left_chunks < 0
 
 
-class _Run:
-    """One estimator evaluation on new frames [past, past + n), reading `old` and filling `new`."""
+class _Old(dict):
+    """The earlier frames' state of B rows at one ODE step, as the estimator reads it: name -> (2B, ...),
+    row i's CFG pair at [2i, 2i + 2]. Built lazily per name: B = 1 reads the row's own tensors; B > 1
+    stacks them, or (`extended`) writes them straight into the concatenation with the new frames."""
 
-    def __init__(self, old: Step | None, past: int, n: int, chunk: int, device):
-        self.old, self.new, self.past = old or {}, {}, past
+    def __init__(self, steps: list[Step]):
+        super().__init__()
+        self.steps = steps
+
+    def __contains__(self, name) -> bool:
+        return name in self.steps[0]
+
+    def get(self, name, default=None):
+        if name not in self.steps[0]:
+            return default
+        if len(self.steps) == 1:
+            return self.steps[0][name]
+        return torch.cat([s[name] for s in self.steps])
+
+    def __getitem__(self, name):
+        return self.get(name)
+
+    def extended(self, name: str, new: Tensor) -> Tensor:
+        """cat([old, new], dim=2) with one copy of the old state (the rows' K/V are the bulk of it)."""
+        if len(self.steps) == 1:
+            return torch.cat([self.steps[0][name], new], dim=2)
+        past = self.steps[0][name].size(2)
+        out = new.new_empty(new.size(0), new.size(1), past + new.size(2), *new.shape[3:])
+        for i, s in enumerate(self.steps):
+            out[2 * i:2 * i + 2, :, :past] = s[name]
+        out[:, :, past:] = new
+        return out
+
+
+class _Run:
+    """One estimator evaluation on new frames [past, past + n), reading `old` and filling `new`.
+
+    The batch holds B rows of the same (past, n), each as its CFG pair (conditioned, unconditioned) at
+    [2i, 2i + 2]; `old` is their state at this step (`_Old`), or {} for the first frames."""
+
+    def __init__(self, old: dict, past: int, n: int, chunk: int, device):
+        self.old, self.new, self.past = old, {}, past
         rows = torch.arange(past, past + n, device=device)
         cols = torch.arange(past + n, device=device)
         self.mask = cols.unsqueeze(0) < ((rows // chunk + 1) * chunk).unsqueeze(1)  # (n, past + n)
@@ -64,6 +101,13 @@ class _Run:
         inp = torch.cat([tail, x], dim=2)
         self.new[name] = inp[:, :, -k:]
         return F.conv1d(inp, conv.weight, conv.bias)
+
+    def extend(self, name: str, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys and values of earlier and new frames (B*2, H, past + n, d); kept as the new state."""
+        if name + ".k" in self.old:
+            k, v = self.old.extended(name + ".k", k), self.old.extended(name + ".v", v)
+        self.new[name + ".k"], self.new[name + ".v"] = k, v
+        return k, v
 
     def block(self, b: CausalBlock1D, x: Tensor, name: str) -> Tensor:
         x = self.conv(b.block[0], x, name)
@@ -79,10 +123,7 @@ class _Run:
         b, t, _ = x.shape
         q, k, v = (proj(x).view(b, t, attn.heads, attn.dim_head).transpose(1, 2)
                    for proj in (attn.to_q, attn.to_k, attn.to_v))
-        if name + ".k" in self.old:
-            k = torch.cat([self.old[name + ".k"], k], dim=2)
-            v = torch.cat([self.old[name + ".v"], v], dim=2)
-        self.new[name + ".k"], self.new[name + ".v"] = k, v
+        k, v = self.extend(name, k, v)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask)
         return attn.to_out[0](out.transpose(1, 2).reshape(b, t, attn.heads * attn.dim_head))
 
@@ -122,33 +163,57 @@ def sample_new(flow: FlowModel, mu: Tensor, spks: Tensor, cond: Tensor, state: F
     mu, cond: (1, 80, >= stop) over all frames from 0; spks (1, 80). Returns the mel of the new frames
     (1, 80, stop - past) float32 and the state of frames [0, stop).
     """
+    return sample_new_rows(flow, [(mu, spks, cond, state)], stop)[0]
+
+
+@torch.inference_mode()
+def sample_new_rows(flow: FlowModel, rows: list[tuple[Tensor, Tensor, Tensor, FlowState | None]],
+                    stop: int | None = None) -> list[tuple[Tensor, FlowState]]:
+    """`sample_new` of B requests' chunks at the same place (equal state frames and stop) as one batch.
+
+    rows: (mu, spks, cond, state) per request, shaped as for `sample_new`. Each result equals the row's
+    solo `sample_new` to float rounding (the rows only share matrix products). A row's new state is a view
+    of the batch's tensors (its CFG pair is contiguous in them), so nothing is copied to split it.
+    """
     cfm, dec = flow.decoder, flow.decoder.estimator
-    past = state.frames if state is not None else 0
-    stop = mu.size(2) if stop is None else stop
-    n = stop - past
+    states = [r[3] for r in rows]
+    past = states[0].frames if states[0] is not None else 0
+    stop = rows[0][0].size(2) if stop is None else stop
+    if any((s.frames if s is not None else 0) != past for s in states) or any(r[0].size(2) < stop for r in rows):
+        raise ValueError("batched streaming rows must share their state frames and reach the same stop")
+    n, b = stop - past, len(rows)
     if stop > cfm.rand_noise.size(2):
         raise ValueError(f"flow input of {stop} frames exceeds the fixed noise ({cfm.rand_noise.size(2)} frames)")
-    mu, cond = mu[:, :, past:stop], cond[:, :, past:stop]
-    # the ODE state and times in float32, the estimator's inputs (and so its state) in its dtype
+    # the ODE state and times in float32, the estimator's inputs (and so its state) in its dtype;
+    # rows interleaved as CFG pairs: [cond 0, uncond 0, cond 1, uncond 1, ...]
     dtype = cfm.estimator_dtype
-    x = cfm.rand_noise[:, :, past:stop].to(device=mu.device, dtype=torch.float32)
-    t_span = cfm.time_span(mu.device, torch.float32)
+    dev = rows[0][0].device
+
+    def pairs(t: Tensor) -> list[Tensor]:
+        return [t, torch.zeros_like(t)]
+    mu_in = torch.cat([p for mu, _, _, _ in rows for p in pairs(mu[:, :, past:stop])]).to(dtype)
+    spks_in = torch.cat([p for _, spks, _, _ in rows for p in pairs(spks)]).to(dtype)
+    cond_in = torch.cat([p for _, _, cond, _ in rows for p in pairs(cond[:, :, past:stop])]).to(dtype)
+    x = cfm.rand_noise[:, :, past:stop].to(device=dev, dtype=torch.float32).expand(b, -1, -1)
+    t_span = cfm.time_span(dev, torch.float32)
     rate = cfm.cfg.inference_cfg_rate
-    mu_in = torch.cat([mu, torch.zeros_like(mu)]).to(dtype)
-    spks_in = torch.cat([spks, torch.zeros_like(spks)]).to(dtype)
-    cond_in = torch.cat([cond, torch.zeros_like(cond)]).to(dtype)
+    estimate_fn = getattr(dec, "incremental_fn", None) or ESTIMATES[type(dec)]  # (compiled: --compile)
     steps = []
     t, dt = t_span[0], t_span[1] - t_span[0]
     for step in range(1, len(t_span)):
-        run = _Run(state.steps[step - 1] if state is not None else None, past, n, dec.cfg.static_chunk_size,
-                   mu.device)
-        v = ESTIMATES[type(dec)](dec, run, torch.cat([x, x]).to(dtype), mu_in, t.expand(2), spks_in, cond_in).float()
+        old = _Old([s.steps[step - 1] for s in states]) if states[0] is not None else {}
+        run = _Run(old, past, n, dec.cfg.static_chunk_size, dev)
+        v = estimate_fn(dec, run, x.repeat_interleave(2, dim=0).to(dtype), mu_in, t.expand(2 * b),
+                                 spks_in, cond_in).float()
         steps.append(run.new)
-        x = x + dt * ((1.0 + rate) * v[:1] - rate * v[1:])
+        x = x + dt * ((1.0 + rate) * v[0::2] - rate * v[1::2])
         t = t + dt
         if step < len(t_span) - 1:
             dt = t_span[step + 1] - t
-    return x.float(), FlowState(stop, tuple(steps))
+    if b == 1:
+        return [(x.float(), FlowState(stop, tuple(steps)))]
+    return [(x[i:i + 1].float(), FlowState(stop, tuple({k: v[2 * i:2 * i + 2] for k, v in s.items()} for s in steps)))
+            for i in range(b)]
 
 
 def prompt_frames(flow: FlowModel, n_prompt_tokens: int) -> int:

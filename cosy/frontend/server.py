@@ -55,6 +55,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max_batch", type=int, default=None,
                    help="live requests each worker serves at once, their LM streams concurrent and their flow/"
                         "HiFT work scheduled (default 8 on cpu, 16 on cuda; 1 = the old one-at-a-time loop)")
+    p.add_argument("--flow_batch", type=int, default=None,
+                   help="most requests of a worker whose whole-utterance (or final streaming chunk) flow runs "
+                        "as one padded batch (default 1 on cpu, where a batch row costs as much as a solo run; "
+                        "8 on cuda)")
     p.add_argument("--speech_cache_mb", type=int, default=None,
                    help="MiB of streaming flow state per worker, so chunks compute only new frames and saved "
                         "voices reuse their prompt (about 220 MiB per second held; default 2048 on cpu, "
@@ -107,8 +111,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             resolve_dtype(args.dtype, d)
     except ValueError as e:
         p.error(str(e))
-    if args.workers < 1 or args.max_queue < 0 or (args.max_batch is not None and args.max_batch < 1):
-        p.error("--workers and --max_batch must be >= 1 and --max_queue >= 0")
+    if args.workers < 1 or args.max_queue < 0 or any(v is not None and v < 1
+                                                     for v in (args.max_batch, args.flow_batch)):
+        p.error("--workers, --max_batch and --flow_batch must be >= 1 and --max_queue >= 0")
     if args.fixed_tokens < 0:
         p.error("--fixed_tokens must be >= 0")
     if args.cpus is not None:
@@ -152,6 +157,11 @@ def max_batch(args: argparse.Namespace, device: str) -> int:
     return mb if mb is not None else (16 if device.startswith("cuda") else 8)
 
 
+def flow_batch(args: argparse.Namespace, device: str) -> int:
+    fb = getattr(args, "flow_batch", None)
+    return fb if fb is not None else (8 if device.startswith("cuda") else 1)
+
+
 def speech_cache_mb(args: argparse.Namespace, device: str) -> int:
     mb = getattr(args, "speech_cache_mb", None)
     return mb if mb is not None else (8192 if device.startswith("cuda") else 2048)
@@ -173,6 +183,7 @@ def build_service(args: argparse.Namespace, env: dict[str, str] | None = None) -
                       tf32=getattr(args, "tf32", True), ttsfrd_dir=str(ttsfrd) if ttsfrd else None,
                       llm_base_url=args.llm_base_url, llm_api_key=args.llm_api_key,
                       llm_stall_timeout=args.llm_stall_timeout, max_batch=max_batch(args, device),
+                      flow_batch=flow_batch(args, device),
                       cache_mb=speech_cache_mb(args, device), fixed_tokens=args.fixed_tokens,
                       llm_variant=getattr(args, "llm_variant", None), env=dict(env or {}))
     pool = WorkerPool(spec, workers=args.workers, max_queue=args.max_queue).start()

@@ -161,6 +161,20 @@ class HiFTGenerator(nn.Module):
             s[:, :, :cache_source.shape[2]] = cache_source
         return self.decode(mel, s), s
 
+    @torch.no_grad()
+    def inference_rows(self, mel: torch.Tensor, cache_sources: list[torch.Tensor | None],
+                       generators: list[torch.Generator]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Several requests' chunks of equal length as one batch: mel (B, 80, T) -> (speech (B, T*480),
+        source (B, 1, T*480)). Row i equals `inference(mel[i:i+1], cache_sources[i], generators[i])` to float
+        rounding: the f0 predictor and the decoder run batched, the source draws its randomness per row
+        from that row's own generator (the same draws as the solo call) and takes that row's cache."""
+        f0 = self.predict_f0(mel)
+        s = torch.cat([self.source(f0[i:i + 1], generator=g) for i, g in enumerate(generators)])
+        for i, cache in enumerate(cache_sources):
+            if cache is not None and cache.shape[2] > 0:
+                s[i:i + 1, :, :cache.shape[2]] = cache
+        return self.decode(mel, s), s
+
     def forward(self, mel: torch.Tensor, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
         """Same as `inference`."""
         return self.inference(mel, **kwargs)

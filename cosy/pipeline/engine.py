@@ -194,8 +194,16 @@ class Engine:
             stream = self.t2w.stream(prompt, speed=req.speed, seed=seed)
             for token in tokens:
                 stream.add([token])
-                if stream.due():
-                    yield from (c for c in run(stream.offset == 0, lambda: stream.push([])) if c.numel())
+                while stream.due():  # each due chunk: its flow, then its HiFT step (both batchable)
+                    first = stream.offset == 0
+                    job = stream.chunk_job()
+                    mel = run(first, stream.next_mel,
+                              batch=None if job is None else Batch(self.t2w.run_chunks, job, job.frames))
+                    hift = stream.vocode_job(mel)
+                    chunk = run(first, lambda mel=mel: stream.vocode(mel),
+                                batch=None if hift is None else Batch(self.t2w.run_vocode, hift, hift.shape[0]))
+                    if chunk.numel():
+                        yield chunk
             job = stream.finish_job()
             last = run(stream.offset == 0, stream.finish,
                        batch=None if job is None else Batch(self.t2w.run_jobs, job, job.frames))

@@ -9,6 +9,9 @@ Both take mel frames (1, 80, n) in order and return (N,) float32 CPU audio.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor, nn
 
@@ -33,6 +36,23 @@ def hamming_window(hift: nn.Module, device: torch.device) -> Tensor:
     return torch.hamming_window(n, periodic=False, dtype=torch.float64).float().to(device)
 
 
+@dataclass
+class VocodeJob:
+    """One stream's HiFT step, batchable with other streams' steps of the same shape
+    (`Token2Wav.run_vocode`): HiFT of `mel` (1, 80, T) with `cache_source` (1, 1, L) or None and the
+    stream's `generator`, then `finish(speech (1, T*480), source (1, 1, T*480))` -> the chunk's audio."""
+
+    mel: Tensor
+    cache_source: Tensor | None
+    generator: torch.Generator
+    finish: Callable[[Tensor, Tensor], Tensor]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """Rows of equal shape run as one batch: (mel frames, cached source samples)."""
+        return self.mel.shape[2], 0 if self.cache_source is None else self.cache_source.shape[2]
+
+
 class CrossfadeVocoder:
     """CosyVoice2's streaming HiFT: mel/source cache of 8 frames and a crossfade between chunks."""
 
@@ -47,20 +67,31 @@ class CrossfadeVocoder:
         return self.cache is None
 
     def push(self, mel: Tensor, finalize: bool) -> Tensor:
+        job = self.job(mel, finalize)
+        if job is None:
+            return torch.zeros(0)
+        speech, source = self.hift.inference(job.mel, cache_source=job.cache_source, generator=job.generator)
+        return job.finish(speech, source)
+
+    def job(self, mel: Tensor, finalize: bool) -> VocodeJob | None:
+        """`push` as a batchable HiFT step (None: nothing to vocode). Its `finish` updates this stream's
+        cache, so run exactly one of `push` and the job, once."""
         cache_source = None
         if self.cache is not None:
             mel = torch.cat([self.cache[0], mel], dim=2)
             cache_source = self.cache[1]
         if mel.shape[2] == 0:
-            return torch.zeros(0)
-        speech, source = self.hift.inference(mel, cache_source=cache_source, generator=self.generator)
-        if self.cache is not None:
-            speech = crossfade(speech, self.cache[2], self.window.to(speech))
-        if not finalize:
-            n = self.cache_len
-            self.cache = (mel[:, :, -MEL_CACHE_FRAMES:], source[:, :, -n:], speech[:, -n:])
-            speech = speech[:, :-n]
-        return speech[0].float().cpu()
+            return None
+
+        def finish(speech: Tensor, source: Tensor) -> Tensor:
+            if self.cache is not None:
+                speech = crossfade(speech, self.cache[2], self.window.to(speech))
+            if not finalize:
+                n = self.cache_len
+                self.cache = (mel[:, :, -MEL_CACHE_FRAMES:], source[:, :, -n:], speech[:, -n:])
+                speech = speech[:, :-n]
+            return speech[0].float().cpu()
+        return VocodeJob(mel, cache_source, self.generator, finish)
 
 
 class RevocodeVocoder:
@@ -78,6 +109,10 @@ class RevocodeVocoder:
     @property
     def empty(self) -> bool:
         return self.mel is None
+
+    def job(self, mel: Tensor, finalize: bool) -> None:
+        """Not batchable: each stream re-vocodes its whole mel so far, of its own length."""
+        return None
 
     def push(self, mel: Tensor, finalize: bool) -> Tensor:
         self.mel = mel if self.mel is None else torch.cat([self.mel, mel], dim=2)

@@ -28,11 +28,11 @@ from cosy.hift.generator import HiFTGenerator
 from cosy.model.family import import_object
 from cosy.model.files import ModelDir
 from cosy.model.load import as_model_dir, load_flow, load_hift
-from cosy.pipeline.stream_vocoder import MEL_CACHE_FRAMES, CrossfadeVocoder, crossfade, hamming_window
+from cosy.pipeline.stream_vocoder import MEL_CACHE_FRAMES, CrossfadeVocoder, VocodeJob, crossfade, hamming_window
 from cosy.speech.cache import StateBudget
 
-__all__ = ["MEL_CACHE_FRAMES", "FlowJob", "FlowPrompt", "MelStretcher", "Token2Wav", "Token2WavStream", "crossfade",
-           "load_token2wav"]
+__all__ = ["MEL_CACHE_FRAMES", "ChunkJob", "FlowJob", "FlowPrompt", "MelStretcher", "Token2Wav", "Token2WavStream",
+           "crossfade", "load_token2wav"]
 
 
 @dataclass
@@ -87,6 +87,32 @@ class MelStretcher:
         self.frames = self.frames[:, :, keep_from - self.base:]
         self.base = keep_from
         return out
+
+
+@dataclass
+class ChunkInputs:
+    """What a streaming chunk's incremental flow needs: the encoder's conditions over all frames so far
+    (mu, cond (1, 80, F); spks (1, 80)), the state of the frames it continues, and its first emitted frame."""
+
+    mu: Tensor
+    spks: Tensor
+    cond: Tensor
+    state: incremental.FlowState | None
+    start: int
+
+    @property
+    def past(self) -> int:
+        return self.state.frames if self.state is not None else 0
+
+
+@dataclass
+class ChunkJob:
+    """A streaming chunk's incremental flow that may run in one batch with other streams' chunks at the same
+    place (`Token2Wav.run_chunks`): `prepare()` runs its encoder, `finish(inputs, mel, state)` -> its mel."""
+
+    prepare: Callable[[], ChunkInputs]
+    finish: Callable[[ChunkInputs, Tensor, incremental.FlowState], Tensor]
+    frames: int  # new mel frames (its cost in a batch)
 
 
 @dataclass
@@ -185,6 +211,61 @@ class Token2Wav:
                 out.append(e)
         return out
 
+    @torch.inference_mode()
+    def run_chunks(self, jobs: list[ChunkJob]) -> list[Any]:
+        """Streaming chunks of several streams (`Token2WavStream.chunk_job`): each runs its encoder, then rows
+        at the same place (equal state frames and stop: e.g. requests of one saved voice at the same chunk)
+        run their incremental flow as one batch (`incremental.sample_new_rows`), the others alone. A failing
+        row fails alone (its result is the exception); if a flow raises, no stream has changed."""
+        inputs: list[Any] = []
+        for job in jobs:
+            try:
+                inputs.append(job.prepare())
+            except Exception as e:
+                inputs.append(e)
+        groups: dict[tuple[int, int], list[int]] = {}
+        for i, inp in enumerate(inputs):
+            if isinstance(inp, ChunkInputs):
+                groups.setdefault((inp.past, inp.mu.size(2)), []).append(i)
+        flows: dict[int, tuple[Tensor, incremental.FlowState]] = {}
+        for rows in groups.values():  # every flow first: no stream changes before all have run
+            out = incremental.sample_new_rows(self.flow, [(inputs[i].mu, inputs[i].spks, inputs[i].cond,
+                                                           inputs[i].state) for i in rows])
+            flows.update(zip(rows, out))
+        results: list[Any] = []
+        for i, job in enumerate(jobs):
+            if i not in flows:
+                results.append(inputs[i])
+                continue
+            try:
+                results.append(job.finish(inputs[i], *flows[i]))
+            except Exception as e:
+                results.append(e)
+        return results
+
+    @torch.inference_mode()
+    def run_vocode(self, jobs: list[VocodeJob]) -> list[Any]:
+        """HiFT steps of several streams (`Token2WavStream.vocode_job`): rows of equal shape run as one batch
+        (`HiFTGenerator.inference_rows`), each finishing with its own stream state. A failing finish fails
+        its own row only (its result is the exception); if the HiFT batch raises, nothing has changed."""
+        groups: dict[tuple[int, int], list[int]] = {}
+        for i, job in enumerate(jobs):
+            groups.setdefault(job.shape, []).append(i)
+        outs: list[tuple[Tensor, Tensor] | None] = [None] * len(jobs)
+        for rows in groups.values():
+            mel = torch.cat([jobs[i].mel for i in rows]).to(self.device, torch.float32)
+            speech, source = self.hift.inference_rows(mel, [jobs[i].cache_source for i in rows],
+                                                      [jobs[i].generator for i in rows])
+            for k, i in enumerate(rows):
+                outs[i] = (speech[k:k + 1], source[k:k + 1])
+        results: list[Any] = []
+        for job, (speech, source) in zip(jobs, outs):
+            try:
+                results.append(job.finish(speech, source))
+            except Exception as e:
+                results.append(e)
+        return results
+
     def stream(self, prompt: FlowPrompt, speed: float = 1.0, seed: int | None = None) -> "Token2WavStream":
         """A streaming session: push tokens as the LM makes them, get audio chunks back."""
         return Token2WavStream(self, prompt, speed, self.generator(seed))
@@ -226,15 +307,55 @@ class Token2WavStream:
     @torch.inference_mode()
     def push(self, tokens: list[int] | Tensor) -> list[Tensor]:
         """Add new speech tokens; returns the audio chunks (each (N,) float32) that became ready."""
+        return [self.vocode(mel) for mel in self.push_mels(tokens)]
+
+    @torch.inference_mode()
+    def push_mels(self, tokens: list[int] | Tensor) -> list[Tensor]:
+        """`push` up to the vocoder: the new mel frames (1, 80, n) of each chunk that became ready (speed
+        applied). Hand each, in order, to `vocode` (or run its `vocode_job`) before the next push."""
         self.add(tokens)
-        chunks = []
+        mels = []
         while self.due():
-            hop = self._next_hop()
-            end = self.offset + hop + self.t2w.lookahead
-            chunks.append(self._chunk(self.tokens[:end], finalize=False))
-            self.offset += hop
-            self.hop = min(self.t2w.max_hop_len, self.hop * self.t2w.hop_growth)
-        return chunks
+            mels.append(self.next_mel())
+        return mels
+
+    @torch.inference_mode()
+    def next_mel(self) -> Tensor:
+        """The next due chunk's new mel frames (1, 80, n), speed applied (`due()` must hold)."""
+        mel = self._chunk_mel(self._due_tokens(), finalize=False)
+        self._advance()
+        return mel
+
+    def chunk_job(self) -> ChunkJob | None:
+        """`next_mel()` as a batchable job (`Token2Wav.run_chunks`); None without a state budget (chunks then
+        recompute their prefix, as the official code does). Run exactly one of the two, once."""
+        if self.t2w.state_budget is None:
+            return None
+        tokens = torch.tensor(self._due_tokens(), dtype=torch.int32).unsqueeze(0)
+
+        def finish(inputs: ChunkInputs, mel: Tensor, state: incremental.FlowState) -> Tensor:
+            out = self._stretch(self._chunk_output(inputs, mel, state), finalize=False)
+            self._advance()
+            return out
+        frames = self._next_hop() * self.t2w.flow.cfg.token_mel_ratio
+        return ChunkJob(lambda: self._chunk_inputs(tokens), finish, frames)
+
+    def _due_tokens(self) -> list[int]:
+        return self.tokens[:self.offset + self._next_hop() + self.t2w.lookahead]
+
+    def _advance(self) -> None:
+        self.offset += self._next_hop()
+        self.hop = min(self.t2w.max_hop_len, self.hop * self.t2w.hop_growth)
+
+    @torch.inference_mode()
+    def vocode(self, mel: Tensor) -> Tensor:
+        """A non-final chunk's mel (from `push_mels`) -> its audio chunk (N,) float32."""
+        return self.vocoder.push(mel, False)
+
+    def vocode_job(self, mel: Tensor) -> VocodeJob | None:
+        """`vocode(mel)` as a batchable HiFT step (`Token2Wav.run_vocode`); None when the family's vocoder
+        cannot batch (or there is nothing to vocode). Run exactly one of the two."""
+        return self.vocoder.job(mel, False)
 
     @torch.inference_mode()
     def finish(self) -> Tensor:
@@ -272,6 +393,13 @@ class Token2WavStream:
 
     def _new_frames(self, tokens: Tensor) -> Tensor:
         """A non-final chunk's mel computed on its new frames only, from the state of earlier ones."""
+        inputs = self._chunk_inputs(tokens)
+        mel, state = incremental.sample_new(self.t2w.flow, inputs.mu, inputs.spks, inputs.cond, inputs.state)
+        return self._chunk_output(inputs, mel, state)
+
+    def _chunk_inputs(self, tokens: Tensor) -> ChunkInputs:
+        """The encoder's conditions of a non-final chunk and the state it continues (this stream's, or a
+        saved voice's prompt state, computed and stored on first use)."""
         t2w, p, dev = self.t2w, self.prompt, self.t2w.device
         flow, budget = t2w.flow, t2w.state_budget
         mu, spks, cond = flow.conditions(tokens.to(dev), p.tokens.to(dev), p.mel.to(dev), p.embedding.to(dev),
@@ -287,15 +415,21 @@ class Token2WavStream:
                     budget.put_voice(p.cache_key, state)
         if state is not None and state.frames > start:
             state = None
-        past = state.frames if state is not None else 0
-        mel, state = incremental.sample_new(flow, mu, spks, cond, state)
-        self.state = state if budget.charge(id(self), state.nbytes) else None
-        return mel[:, :, start - past:]
+        return ChunkInputs(mu, spks, cond, state, start)
+
+    def _chunk_output(self, inputs: ChunkInputs, mel: Tensor, state: incremental.FlowState) -> Tensor:
+        """Keep the new state (within the budget) and return the frames this chunk emits."""
+        self.state = state if self.t2w.state_budget.charge(id(self), state.nbytes) else None
+        return mel[:, :, inputs.start - inputs.past:]
 
     def _chunk(self, tokens: list[int], finalize: bool) -> Tensor:
-        t2w = self.t2w
         if not tokens and self.vocoder.empty:
             return torch.zeros(0)
+        return self.vocoder.push(self._chunk_mel(tokens, finalize), finalize)
+
+    def _chunk_mel(self, tokens: list[int], finalize: bool) -> Tensor:
+        """A chunk's new mel frames (1, 80, n), through this stream's speed stretcher."""
+        t2w = self.t2w
         token_tensor = torch.tensor(tokens, dtype=torch.int32).unsqueeze(0)
         if finalize:
             self.close()
@@ -304,13 +438,14 @@ class Token2WavStream:
         else:  # the official last chunk runs without chunk masks (full attention); earlier ones stream
             mel = t2w.mel(token_tensor, self.prompt, streaming=not finalize, finalize=finalize)
             mel = mel[:, :, self.offset * t2w.flow.cfg.token_mel_ratio:]
-        return self._vocode(mel, finalize)
+        return self._stretch(mel, finalize)
+
+    def _stretch(self, mel: Tensor, finalize: bool) -> Tensor:
+        return mel if self.stretcher is None else self.stretcher.push(mel, final=finalize)
 
     def _vocode(self, mel: Tensor, finalize: bool) -> Tensor:
         """A chunk's new mel frames -> its audio (this stream's speed stretcher, then its vocoder state)."""
-        if self.stretcher is not None:
-            mel = self.stretcher.push(mel, final=finalize)
-        return self.vocoder.push(mel, finalize)
+        return self.vocoder.push(self._stretch(mel, finalize), finalize)
 
 
 def load_token2wav(model_dir: str | Path | ModelDir, device: str | torch.device = "cpu",

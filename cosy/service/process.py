@@ -36,6 +36,7 @@ class EngineSpec:
     threads: int | None = None
     llm_stall_timeout: float | None = None  # seconds without an LM token before the backend counts as stalled
     max_batch: int = 1  # live requests per worker process (1: the old one-request-at-a-time loop)
+    flow_batch: int = 1  # requests whose flows may run as one padded batch (1: each alone)
     cache_mb: int = 0  # streaming flow state budget (cosy.speech.cache); 0 recomputes every prefix
     fixed_tokens: int = 0  # benchmarks only: every request generates exactly this many speech tokens
     llm_variant: str | None = None  # another LM checkpoint of the family (CosyVoice3 "rl": llm.rl.pt)
@@ -221,7 +222,7 @@ def _serve(spec: EngineSpec, conn, cancel, health, prepare) -> None:
     if spec.max_batch > 1:  # many live requests, their flow/HiFT work scheduled (cosy.speech)
         from cosy.speech.worker import serve
         conn.send(("ready", engine.sample_rate))
-        serve(engine, conn)
+        serve(engine, conn, spec.flow_batch)
         return
     interrupt = None
     if cancel is not None:

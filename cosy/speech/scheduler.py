@@ -9,13 +9,15 @@ otherwise oldest request first; an item that has waited `starve_after` seconds c
 so no request starves. A cancelled request's queued items are skipped; a failing item fails only its own
 request (the exception is re-raised in that request's thread).
 
-Batching: an item may carry a `Batch` (a batch function and this item's argument, with its padded cost
-in frames). The runner takes the most urgent item and, when it is batchable, adds the next most urgent
-queued items with the same batch function (same policy order) while the padded batch stays within
-`max_frames` (rows x longest row) and `max_rows`; the batch function runs them as one step. A result that
-is an exception fails its own item only; if the step itself raises (it must then have changed nothing),
-each item of the batch is rerun alone, so a failing request fails alone and its companions get their
-solo results.
+Batching: an item may carry a `Batch` (a batch function and this item's argument, with its cost in
+frames): whole-utterance and final-chunk flows (`Token2Wav.run_jobs`, one padded batch), streaming chunks'
+incremental flows (`Token2Wav.run_chunks`, rows at the same place batched) and CosyVoice2's streaming HiFT
+steps (`Token2Wav.run_vocode`, rows of equal shape batched). The runner takes the most urgent item and,
+when it is batchable, adds the next most urgent queued items with the same batch function (same policy
+order) while the batch stays within `max_frames` (rows x largest cost) and `max_rows`; the batch function
+runs them as one step. A result that is an exception fails its own item only; if the step itself raises
+(it must then have changed nothing), each item of the batch is rerun alone, so a failing request fails
+alone and its companions get their solo results.
 """
 from __future__ import annotations
 
@@ -58,11 +60,11 @@ class WorkItem:
 
 class SpeechScheduler:
     def __init__(self, starve_after: float = 2.0, max_frames: int = 4096, max_rows: int = 1):
-        # max_rows 1 (the default for now): no batching. Batched flows equal solo to ~1e-6 on the mel, but HiFT
-        # amplifies that ~100x over a long utterance (14 s: 1.5e-4 on the audio, over the 1e-4 contract).
+        # max_rows: `--flow_batch` (1 = no batching, the CPU default: there a batch row costs as much as a
+        # solo run, see bench/flow_batch.py). Batched flows equal solo to ~1e-6 on the mel.
         self.starve_after = starve_after
         self.max_frames, self.max_rows = max_frames, max_rows
-        self.batches: list[int] = []  # rows of each batched step run (a record for tests and stats)
+        self.batches: list[tuple[str, int]] = []  # (batch function, rows) of each batched step run
         self._items: list[WorkItem] = []
         self._cond = threading.Condition()
         self._seq = itertools.count()
@@ -156,7 +158,7 @@ class SpeechScheduler:
                             item.error = result
                         else:
                             item.result = result
-                    self.batches.append(len(live))
+                    self.batches.append((getattr(live[0].batch.fn, "__name__", "?"), len(live)))
                 for item in picked:
                     if item not in live:
                         item.error = Cancelled()

@@ -19,9 +19,11 @@ from cosy.speech.scheduler import SpeechScheduler
 log = logging.getLogger(__name__)
 
 
-def serve(engine, conn) -> None:
-    """Answer the dispatcher's messages until it sends None (the pipe protocol of `cosy.service.process`)."""
-    scheduler = SpeechScheduler()
+def serve(engine, conn, flow_batch: int = 1) -> None:
+    """Answer the dispatcher's messages until it sends None (the pipe protocol of `cosy.service.process`).
+
+    flow_batch: most requests whose whole-utterance or final-chunk flow runs as one padded batch."""
+    scheduler = SpeechScheduler(max_rows=flow_batch)
     engine.speech_runner = scheduler.run
     send_lock = threading.Lock()
     live: dict[int, LiveRequest] = {}
