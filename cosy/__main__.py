@@ -52,6 +52,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "(default float32; float16 needs CUDA; see README 'Precision')")
     p.add_argument("--no_tf32", dest="tf32", action="store_false",
                    help="strict float32 on CUDA (default: TF32 matmuls and convolutions; see README 'Precision')")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the flow estimator and the embedded LM's stack (compiled at start-up; "
+                        "fused kernels, mainly for GPUs; see README 'Precision')")
     p.add_argument("--out", required=True, help="output wav file (24 kHz, 16-bit)")
     args = p.parse_args(argv)
     try:
@@ -66,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         engine = Engine.from_model_dir(args.model_dir, device=args.device, dtype=args.dtype, tf32=args.tf32,
                                        ttsfrd_dir=args.ttsfrd_dir, llm_base_url=args.llm_base_url,
-                                       llm_api_key=args.llm_api_key, llm_variant=args.llm_variant)
+                                       llm_api_key=args.llm_api_key, llm_variant=args.llm_variant,
+                                       compile=args.compile)
         voices = VoiceStore(Path(args.data_dir) / "voices")
         use_voice = args.mode == "voice" and args.voice_id
         voice = voices.load(args.voice_id, family=engine.family.name) if use_voice else None

@@ -85,6 +85,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", choices=DTYPES, default="float32",
                    help="the LM's and flow estimator's dtype; the ODE, the flow encoder and HiFT stay float32 "
                         "(default float32; float16 needs CUDA; see README 'Precision')")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the flow estimator and the embedded LM's stack (compiled at start-up; "
+                        "fused kernels, mainly for GPUs; see README 'Precision')")
     p.add_argument("--no_tf32", dest="tf32", action="store_false",
                    help="strict float32 on CUDA (default: TF32 matmuls and convolutions; see README 'Precision')")
     from cosy.lm.remote import DEFAULT_STALL_TIMEOUT
@@ -180,7 +183,8 @@ def build_service(args: argparse.Namespace, env: dict[str, str] | None = None) -
     lm = f"LM backends {args.llm_base_url}" if args.llm_base_url else "embedded LM"
     say(f"starting {args.workers} worker(s) on {device} ({getattr(args, 'dtype', 'float32')}): {model_dir}, {lm}")
     spec = EngineSpec(str(model_dir), device=device, dtype=getattr(args, "dtype", "float32"),
-                      tf32=getattr(args, "tf32", True), ttsfrd_dir=str(ttsfrd) if ttsfrd else None,
+                      tf32=getattr(args, "tf32", True), compile=getattr(args, "compile", False),
+                      ttsfrd_dir=str(ttsfrd) if ttsfrd else None,
                       llm_base_url=args.llm_base_url, llm_api_key=args.llm_api_key,
                       llm_stall_timeout=args.llm_stall_timeout, max_batch=max_batch(args, device),
                       flow_batch=flow_batch(args, device),

@@ -35,7 +35,9 @@ class Linear(nn.Linear):
     """
 
     def forward(self, x: Tensor) -> Tensor:
-        if _ONEDNN and x.device.type == "cpu" and x.dtype == torch.float32 and not torch.is_grad_enabled():
+        # under torch.compile (`--compile`) inductor picks its own CPU kernels (and cannot lower this op)
+        if (_ONEDNN and x.device.type == "cpu" and x.dtype == torch.float32 and not torch.is_grad_enabled()
+                and not torch.compiler.is_compiling()):
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
 

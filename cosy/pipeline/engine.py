@@ -67,7 +67,7 @@ class Engine:
     def from_model_dir(cls, model_dir: str | Path, device: str = "cpu", dtype: torch.dtype | str = torch.float32,
                        ttsfrd_dir: str | Path | None = None, llm_base_url: str | None = None,
                        llm_api_key: str | None = None, cache_mb: int = 0, tf32: bool = True,
-                       llm_variant: str | None = None) -> "Engine":
+                       llm_variant: str | None = None, compile: bool = False) -> "Engine":
         """Everything from one model directory. With `llm_base_url` (comma-separated backends) the LM runs
         remotely and only its embedding tables are loaded here; the backends are checked now (reachable,
         key accepted, serving this llm.pt). `cache_mb`: streaming flow state budget (`load_token2wav`).
@@ -75,7 +75,9 @@ class Engine:
 
         `dtype` (or its name, `--dtype`): the embedded LM's and the flow estimator's; the rest stays float32
         (`cosy.model.precision`, which also says where it is allowed: ValueError otherwise). `tf32`: on a
-        CUDA device, TF32 matmuls and convolutions for this process (False: strict float32)."""
+        CUDA device, TF32 matmuls and convolutions for this process (False: strict float32). `compile`:
+        torch.compile the flow estimator and the embedded LM's stack, compiled here before any request
+        (`cosy.pipeline.compiled`)."""
         if isinstance(dtype, str):
             dtype = resolve_dtype(dtype, device)
         else:
@@ -95,8 +97,15 @@ class Engine:
             lm = import_object(family.lm).from_model_dir(md, device=device, dtype=dtype, variant=llm_variant)
             prompt_embeds = lm.prompt_embeds
         gpu = torch.device(device).index or 0  # the speech tokenizer's GPU, if onnxruntime has CUDA
-        return cls(text, VoicePromptEncoder(md, gpu=gpu), lm, load_token2wav(md, device, dtype, cache_mb),
-                   prompt_embeds, family)
+        t2w = load_token2wav(md, device, dtype, cache_mb)
+        if compile:
+            from cosy.pipeline import compiled
+            compiled.compile_flow(t2w.flow)
+            embedded = None if llm_base_url else lm
+            if embedded is not None:
+                compiled.compile_lm(embedded)
+            compiled.warm_up(t2w, embedded)
+        return cls(text, VoicePromptEncoder(md, gpu=gpu), lm, t2w, prompt_embeds, family)
 
     @property
     def sample_rate(self) -> int:

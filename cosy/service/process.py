@@ -30,6 +30,7 @@ class EngineSpec:
     device: str = "cpu"  # this worker's ("cuda:1"); the pool's spec may list several (`cosy.service.placement`)
     dtype: str = "float32"  # the LM's and flow estimator's (`cosy.model.precision`)
     tf32: bool = True  # TF32 on CUDA (False: strict float32)
+    compile: bool = False  # torch.compile the estimator and the embedded LM (cosy.pipeline.compiled)
     ttsfrd_dir: str | None = None
     llm_base_url: str | None = None
     llm_api_key: str | None = None
@@ -208,7 +209,7 @@ def _serve(spec: EngineSpec, conn, cancel, health, prepare) -> None:
         engine = Engine.from_model_dir(spec.model_dir, device=spec.device, dtype=spec.dtype,
                                        ttsfrd_dir=spec.ttsfrd_dir, llm_base_url=spec.llm_base_url,
                                        llm_api_key=spec.llm_api_key, cache_mb=spec.cache_mb, tf32=spec.tf32,
-                                       llm_variant=spec.llm_variant)
+                                       llm_variant=spec.llm_variant, compile=spec.compile)
     except Exception as e:  # reported to the parent, which refuses to start
         conn.send(("failed", f"{type(e).__name__}: {e}"))
         return
