@@ -16,6 +16,9 @@
 #      strict fp32, same inputs
 #   4. bench/synthesis.py per dtype: stage times, LM tokens/s, RTF and first chunk per mode, peak GPU memory
 #   5. bench/lm_throughput.py, embedded LM, per dtype: tokens/s and TTFT at 1 and 8 concurrent, peak GPU memory
+#   6. bench/compile_check.py in DTYPE (last: it may take the rest of the budget): --compile against eager,
+#      compile time, speed and difference (flow and LM); then bench/flow_batch.py (rows 1,4,8): what batching
+#      flows and HiFT across requests buys on the GPU
 # A summary of the CLI lines follows; the exit status is 1 if a step failed, ran out of time or was skipped
 # because the budget was spent. On the CPU the limits are SLOW (4) times longer.
 set -u
@@ -93,9 +96,15 @@ for dt in float32 "$DTYPE"; do
     --tokens "$TOKENS" --concurrency "$LM_CONC"
 done
 
+step 120 compile $PY bench/compile_check.py --model_dir "$MODEL" --device "$DEVICE" --dtype "$DTYPE" \
+  --tokens "$TOKENS"
+step 60 flow-batch $PY bench/flow_batch.py --model_dir "$MODEL" --device "$DEVICE" --dtype "$DTYPE" \
+  --tokens "$TOKENS" --rows 1,4,8
+
 echo "== summary ($(( SECONDS - start )) s; logs and wavs in $OUT)"
 for f in "$OUT"/cli-*.log; do printf '%-28s %s\n' "$(basename "$f" .log)" "$(grep -h '^wrote ' "$f" | sed 's/^wrote [^:]*: //')"; done
 grep -h -E '^(float32\+TF32|bfloat16|float16) ' "$OUT/dtype-diff.log" 2>/dev/null
+grep -h -E '^(flow|lm) .*(compiled|eager)' "$OUT/compile.log" 2>/dev/null
 for f in "$OUT"/synthesis-*.log "$OUT"/lm-*.log; do
   [ -f "$f" ] && grep -E 'stages:|peak GPU|^embedded |^(zero_shot|cross_lingual|instruct|voice) ' "$f" \
     | sed "s/^/$(basename "$f" .log): /"

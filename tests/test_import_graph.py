@@ -116,7 +116,7 @@ def test_cli_and_benchmarks_need_no_gradio_vllm_or_openai():
     import subprocess
     import sys
     code = ("import sys; sys.path.insert(0, 'bench'); import cosy.__main__, cosy.verify.random_model.__main__, "
-            "synthesis, lm_throughput, dtype_diff; "
+            "synthesis, lm_throughput, dtype_diff, compile_check, flow_batch; "
             "print(sorted(m for m in ('gradio', 'vllm', 'openai', 'fastapi', 'httpx') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr

@@ -40,6 +40,13 @@ class FlowState:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for step in self.steps for t in step.values())
 
+    def compact(self) -> "FlowState":
+        """This state in storage of its own: a row of a batched step is a view of the batch's tensors, which
+        would keep the whole batch alive (and outside the budget's count) as long as the row lives."""
+        if all(t.untyped_storage().nbytes() == t.numel() * t.element_size() for s in self.steps for t in s.values()):
+            return self
+        return FlowState(self.frames, tuple({k: v.clone() for k, v in s.items()} for s in self.steps))
+
 
 def supports(flow: FlowModel) -> bool:
     """Whether this flow's estimator has the incremental path (U-Net or DiT, with full left context)."""

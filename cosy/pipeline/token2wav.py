@@ -215,32 +215,43 @@ class Token2Wav:
     def run_chunks(self, jobs: list[ChunkJob]) -> list[Any]:
         """Streaming chunks of several streams (`Token2WavStream.chunk_job`): each runs its encoder, then rows
         at the same place (equal state frames and stop: e.g. requests of one saved voice at the same chunk)
-        run their incremental flow as one batch (`incremental.sample_new_rows`), the others alone. A failing
-        row fails alone (its result is the exception); if a flow raises, no stream has changed."""
-        inputs: list[Any] = []
+        run their incremental flow as one batch (`incremental.sample_new_rows`), the others alone. A batch
+        holds no more rows than the state budget's free room takes new states for, and each batch finishes
+        (its states kept within the budget, in storage of their own) before the next runs. A failing batch
+        is rerun row by row; a failing row fails alone (its result is the exception)."""
+        results: list[Any] = []
         for job in jobs:
             try:
-                inputs.append(job.prepare())
-            except Exception as e:
-                inputs.append(e)
-        groups: dict[tuple[int, int], list[int]] = {}
-        for i, inp in enumerate(inputs):
-            if isinstance(inp, ChunkInputs):
-                groups.setdefault((inp.past, inp.mu.size(2)), []).append(i)
-        flows: dict[int, tuple[Tensor, incremental.FlowState]] = {}
-        for rows in groups.values():  # every flow first: no stream changes before all have run
-            out = incremental.sample_new_rows(self.flow, [(inputs[i].mu, inputs[i].spks, inputs[i].cond,
-                                                           inputs[i].state) for i in rows])
-            flows.update(zip(rows, out))
-        results: list[Any] = []
-        for i, job in enumerate(jobs):
-            if i not in flows:
-                results.append(inputs[i])
-                continue
-            try:
-                results.append(job.finish(inputs[i], *flows[i]))
+                results.append(job.prepare())
             except Exception as e:
                 results.append(e)
+        inputs = list(results)
+        groups: dict[tuple[int, int], list[int]] = {}
+        for i, inp in enumerate(inputs):
+            if isinstance(inp, ChunkInputs):  # rows without a state (a first chunk, no saved voice) run alone
+                groups.setdefault((inp.past, inp.mu.size(2)) if inp.state is not None else (-1, i), []).append(i)
+
+        def flows(part: list[int]) -> list[tuple[int, Any]]:
+            try:
+                return list(zip(part, incremental.sample_new_rows(
+                    self.flow, [(inputs[i].mu, inputs[i].spks, inputs[i].cond, inputs[i].state) for i in part])))
+            except Exception as e:
+                return [(part[0], e)] if len(part) == 1 else [r for i in part for r in flows([i])]
+
+        for key, rows in groups.items():
+            size = 1  # the new states of one batch (rows x frames x bytes per frame) fit the budget's free room
+            if key[0] > 0:
+                state = inputs[rows[0]].state
+                size = max(1, self.state_budget.room() // max(1, state.nbytes * key[1] // state.frames))
+            for part in (rows[k:k + size] for k in range(0, len(rows), size)):
+                for i, out in flows(part):
+                    if isinstance(out, Exception):
+                        results[i] = out
+                        continue
+                    try:
+                        results[i] = jobs[i].finish(inputs[i], *out)
+                    except Exception as e:
+                        results[i] = e
         return results
 
     @torch.inference_mode()
@@ -419,7 +430,7 @@ class Token2WavStream:
 
     def _chunk_output(self, inputs: ChunkInputs, mel: Tensor, state: incremental.FlowState) -> Tensor:
         """Keep the new state (within the budget) and return the frames this chunk emits."""
-        self.state = state if self.t2w.state_budget.charge(id(self), state.nbytes) else None
+        self.state = state.compact() if self.t2w.state_budget.charge(id(self), state.nbytes) else None
         return mel[:, :, inputs.start - inputs.past:]
 
     def _chunk(self, tokens: list[int], finalize: bool) -> Tensor:

@@ -63,6 +63,10 @@ class StateBudget:
             self._streams[owner] = nbytes
             return True
 
+    def room(self) -> int:
+        """Bytes not held by anyone (what a batch of new states may take without overflowing)."""
+        return max(0, self.budget - self.used())
+
     def release(self, owner: int) -> None:
         with self._lock:
             self._streams.pop(owner, None)
