@@ -40,6 +40,9 @@ def compile_flow(flow: nn.Module) -> None:
 def compile_lm(lm: nn.Module) -> None:
     """Compile an embedded `SpeechLM`'s Qwen2 stack in place (prefill and decode step graphs)."""
     stack = lm.llm.model.model
+    # each decoder layer reads its own `layer_idx`: as a static int it made every layer a recompile, and the
+    # layers past dynamo's recompile limit (8) ran eager
+    torch._dynamo.config.allow_unspec_int_on_nn_module = True
     stack.forward = torch.compile(stack.forward, **COMPILE_OPTIONS)
 
 
