@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,108 +27,13 @@ from cosy.hift.generator import HiFTGenerator
 from cosy.model.family import import_object
 from cosy.model.files import ModelDir
 from cosy.model.load import as_model_dir, load_flow, load_hift
+from cosy.pipeline.jobs import ChunkInputs, ChunkJob, FlowJob, FlowPrompt
+from cosy.pipeline.speed import MelStretcher
 from cosy.pipeline.stream_vocoder import MEL_CACHE_FRAMES, CrossfadeVocoder, VocodeJob, crossfade, hamming_window
 from cosy.speech.cache import StateBudget
 
 __all__ = ["MEL_CACHE_FRAMES", "ChunkJob", "FlowJob", "FlowPrompt", "MelStretcher", "Token2Wav", "Token2WavStream",
            "crossfade", "load_token2wav"]
-
-
-@dataclass
-class FlowPrompt:
-    """The voice prompt as the flow sees it.
-
-    tokens: (1, Tp) int speech tokens; mel: (1, 2*Tp, 80) 24 kHz prompt mel; embedding: (1, 192) CAM++.
-    cache_key: set for prompts that recur (saved voices): streaming keeps their final prompt chunks' flow
-    state under this key (see `cosy.speech.cache`).
-    """
-
-    tokens: Tensor
-    mel: Tensor
-    embedding: Tensor
-    cache_key: str | None = None
-
-
-class MelStretcher:
-    """Streaming linear time-stretch of mel frames (the official speed control, made incremental).
-
-    Output frame j interpolates input position (j + 0.5) * speed - 0.5, like
-    `F.interpolate(mode='linear', align_corners=False)` with scale `speed`; a frame is emitted as soon as
-    both of its neighbours have arrived.
-    """
-
-    def __init__(self, speed: float):
-        self.speed = speed
-        self.frames: Tensor | None = None  # (B, C, n) input frames from index `self.base` on
-        self.base = 0
-        self.emitted = 0
-
-    def push(self, mel: Tensor, final: bool = False) -> Tensor:
-        """mel (B, C, n) new input frames -> (B, C, m) newly ready output frames."""
-        self.frames = mel if self.frames is None else torch.cat([self.frames, mel], dim=2)
-        total = self.base + self.frames.shape[2]
-        if final:
-            stop = int(total / self.speed)
-        else:  # frame j needs input floor(x_j) + 1 < total
-            stop = max(self.emitted, math.ceil((total - 0.5) / self.speed - 0.5))
-            while stop > self.emitted and math.floor(max((stop - 0.5) * self.speed - 0.5, 0)) + 1 >= total:
-                stop -= 1
-        j = torch.arange(self.emitted, stop, dtype=torch.float64, device=mel.device)
-        x = ((j + 0.5) * self.speed - 0.5).clamp(min=0)
-        i0 = x.floor().long().clamp(max=total - 1)
-        i1 = (i0 + 1).clamp(max=total - 1)
-        lam = (x - i0).to(mel.dtype)
-        f = self.frames
-        out = f.index_select(2, i0 - self.base) * (1 - lam) + f.index_select(2, i1 - self.base) * lam
-        self.emitted = stop
-        # keep frames still needed by the next output frame
-        keep_from = min(int(max((stop + 0.5) * self.speed - 0.5, 0)), total - 1)
-        self.frames = self.frames[:, :, keep_from - self.base:]
-        self.base = keep_from
-        return out
-
-
-@dataclass
-class ChunkInputs:
-    """What a streaming chunk's incremental flow needs: the encoder's conditions over all frames so far
-    (mu, cond (1, 80, F); spks (1, 80)), the state of the frames it continues, and its first emitted frame."""
-
-    mu: Tensor
-    spks: Tensor
-    cond: Tensor
-    state: incremental.FlowState | None
-    start: int
-
-    @property
-    def past(self) -> int:
-        return self.state.frames if self.state is not None else 0
-
-
-@dataclass
-class ChunkJob:
-    """A streaming chunk's incremental flow that may run in one batch with other streams' chunks at the same
-    place (`Token2Wav.run_chunks`): `prepare()` runs its encoder, `finish(inputs, mel, state)` -> its mel."""
-
-    prepare: Callable[[], ChunkInputs]
-    finish: Callable[[ChunkInputs, Tensor, incremental.FlowState], Tensor]
-    frames: int  # new mel frames (its cost in a batch)
-
-
-@dataclass
-class FlowJob:
-    """A whole-utterance flow (full attention, final) that may run in one padded batch with others'.
-
-    `finish(mel)` turns this row's mel (1, 80, F) into the request's result (HiFT, speed, stream state).
-    """
-
-    tokens: Tensor  # (1, T) int
-    prompt: FlowPrompt
-    finish: Callable[[Tensor], Any]
-
-    @property
-    def frames(self) -> int:
-        """Mel frames this row takes in a padded batch (prompt + target)."""
-        return 2 * (self.prompt.tokens.shape[1] + self.tokens.shape[1])
 
 
 class Token2Wav:
