@@ -121,7 +121,12 @@ class SpeechLM(nn.Module):
 
     def _step(self, x: Tensor, cache: KVCache, rope: RotaryTable) -> tuple[Tensor, Tensor]:
         """Feed x (1, L, H); (logits (V,) float32, final-normed hidden (H,)) of the last position."""
-        h = self.llm.model.model(x.to(device=self.device, dtype=self.dtype), cache, rope)[0, -1]
+        x = x.to(device=self.device, dtype=self.dtype)
+        if torch.is_inference_mode_enabled() and not x.is_inference():
+            # one kind of input tensor: `--compile` guards on it (inference tensor or not, requires_grad, as
+            # a parameter's view has even here), and each kind would compile graphs of its own
+            x = x.clone()
+        h = self.llm.model.model(x, cache, rope)[0, -1]
         return self.llm_decoder(h).float(), h
 
     def _embed_speech(self, token: int) -> Tensor:

@@ -114,10 +114,12 @@ class Qwen2Attention(nn.Module):
         k_all, v_all = cache.k[self.layer_idx, :, :, :end], cache.v[self.layer_idx, :, :, :end]
         k_all[:, :, start:].copy_(k)
         v_all[:, :, start:].copy_(v)
-        if start == 0:  # prefill: plain causal
-            out = F.scaled_dot_product_attention(q, k_all, v_all, is_causal=n > 1, enable_gqa=True)
-        elif n == 1:  # decode: the new position sees everything
+        # branch on the lengths in Python (not `is_causal=n > 1`): under `--compile` n is symbolic, and a
+        # symbolic bool argument broke the graph, which sent the whole stack back to eager
+        if n == 1:  # decode (or a 1-position prefill): the new position sees everything
             out = F.scaled_dot_product_attention(q, k_all, v_all, enable_gqa=True)
+        elif start == 0:  # prefill: plain causal
+            out = F.scaled_dot_product_attention(q, k_all, v_all, is_causal=True, enable_gqa=True)
         else:  # a chunk after a cache: causal within the chunk, offset by `start`
             mask = torch.ones(n, end, dtype=torch.bool, device=x.device).tril(diagonal=start)
             out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, enable_gqa=True)

@@ -40,28 +40,42 @@ def compile_flow(flow: nn.Module) -> None:
 def compile_lm(lm: nn.Module) -> None:
     """Compile an embedded `SpeechLM`'s Qwen2 stack in place (prefill and decode step graphs)."""
     stack = lm.llm.model.model
-    # each decoder layer reads its own `layer_idx`: as a static int it made every layer a recompile, and the
-    # layers past dynamo's recompile limit (8) ran eager
-    torch._dynamo.config.allow_unspec_int_on_nn_module = True
     stack.forward = torch.compile(stack.forward, **COMPILE_OPTIONS)
 
 
 @torch.inference_mode()
-def warm_up(t2w, lm: nn.Module | None = None) -> None:
-    """Run each compiled graph once on small inputs (a 2-chunk stream and a whole utterance; a short LM
-    generation), so that start-up pays for the compilation."""
+def warm_up(t2w, lm: nn.Module | None = None, rows: int = 1) -> None:
+    """Run each compiled graph on small inputs at two sizes of each length (whole utterances; streams of
+    two prompt lengths, so that first chunks and chunks after a state both vary; the LM's prefill, decode
+    step and chunk after a cache), so that start-up pays for every compilation and traffic for none.
+    rows > 1: the worker batches flows (`--flow_batch`), so batches of 2 and 3 rows run too (the batch
+    dimension then is dynamic as well)."""
     g = torch.Generator().manual_seed(0)
-    prompt_tokens = torch.randint(0, 100, (1, 30), generator=g, dtype=torch.int32)
-    prompt = FlowPrompt(prompt_tokens, torch.zeros(1, 60, t2w.flow.cfg.output_size),
-                        torch.zeros(1, t2w.flow.cfg.spk_embed_dim))
-    tokens = torch.randint(0, 100, (1, 60), generator=g, dtype=torch.int32)
-    for n in (60, 47):  # two lengths: the length dimension becomes dynamic
+    tokens = torch.randint(0, 100, (1, 200), generator=g, dtype=torch.int32)
+    for n_prompt, n in ((30, 60), (23, 47)):
+        prompt = FlowPrompt(torch.randint(0, 100, (1, n_prompt), generator=g, dtype=torch.int32),
+                            torch.zeros(1, 2 * n_prompt, t2w.flow.cfg.output_size),
+                            torch.zeros(1, t2w.flow.cfg.spk_embed_dim))
         t2w.mel(tokens[:, :n], prompt)
-    stream = t2w.stream(prompt, seed=0)
-    stream.push_mels(tokens[0].tolist())  # chunks of 2 sizes after 2 state lengths
-    stream.close()
+        stream = t2w.stream(prompt, seed=0)
+        stream.push_mels(tokens[0, :n + 50].tolist())
+        stream.close()
+    for k in (2, 3) if rows > 1 else ():
+        t2w.run_jobs([t2w.whole_job(tokens[:, :60 - k], prompt) for _ in range(k)])
+        streams = [t2w.stream(prompt, seed=i) for i in range(k)]
+        for s in streams:
+            s.add(tokens[0].tolist())
+        while all(s.due() for s in streams) and t2w.state_budget is not None:  # chunks 2, 3: one batch each
+            t2w.run_chunks([s.chunk_job() for s in streams])
+        for s in streams:
+            s.close()
     if lm is not None:
-        for n in (8, 5):  # two prompt lengths; each decodes a few steps (a growing cache)
-            embeds = torch.zeros(1, n, lm.cfg.hidden_size, dtype=lm.dtype, device=lm.device)
-            for _ in lm.generate(embeds, min_len=3, max_len=3, seed=0):
-                pass
+        # the three graphs of the stack, each at two lengths: a prefill, decode steps (a growing cache), and
+        # a chunk after a cache (bistream text segments); two cache sizes make the cache length dynamic too
+        def zeros(n: int) -> torch.Tensor:
+            return torch.zeros(1, n, lm.cfg.hidden_size, dtype=lm.dtype, device=lm.device)
+
+        for n in (8, 5):
+            cache, rope = lm._start(zeros(n), 12)
+            for m in (n, 1, 1, n - 2, 1):
+                lm._step(zeros(m), cache, rope)

@@ -67,7 +67,7 @@ class Engine:
     def from_model_dir(cls, model_dir: str | Path, device: str = "cpu", dtype: torch.dtype | str = torch.float32,
                        ttsfrd_dir: str | Path | None = None, llm_base_url: str | None = None,
                        llm_api_key: str | None = None, cache_mb: int = 0, tf32: bool = True,
-                       llm_variant: str | None = None, compile: bool = False) -> "Engine":
+                       llm_variant: str | None = None, compile: bool = False, flow_batch: int = 1) -> "Engine":
         """Everything from one model directory. With `llm_base_url` (comma-separated backends) the LM runs
         remotely and only its embedding tables are loaded here; the backends are checked now (reachable,
         key accepted, serving this llm.pt). `cache_mb`: streaming flow state budget (`load_token2wav`).
@@ -77,7 +77,8 @@ class Engine:
         (`cosy.model.precision`, which also says where it is allowed: ValueError otherwise). `tf32`: on a
         CUDA device, TF32 matmuls and convolutions for this process (False: strict float32). `compile`:
         torch.compile the flow estimator and the embedded LM's stack, compiled here before any request
-        (`cosy.pipeline.compiled`)."""
+        (`cosy.pipeline.compiled`); `flow_batch` > 1 (the worker batches flows) compiles the batched graphs
+        too."""
         if isinstance(dtype, str):
             dtype = resolve_dtype(dtype, device)
         else:
@@ -104,7 +105,7 @@ class Engine:
             embedded = None if llm_base_url else lm
             if embedded is not None:
                 compiled.compile_lm(embedded)
-            compiled.warm_up(t2w, embedded)
+            compiled.warm_up(t2w, embedded, rows=flow_batch)
         return cls(text, VoicePromptEncoder(md, gpu=gpu), lm, t2w, prompt_embeds, family)
 
     @property
