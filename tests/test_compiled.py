@@ -27,27 +27,11 @@ def stream_mels(t2w, prompt, tokens):
     return mels
 
 
-@pytest.fixture(scope="module")
-def pair(tiny_model_dir):
-    """(eager, compiled) token2wav and LM; the compiled ones warmed up as a worker does at start-up."""
-    from torch._dynamo.utils import counters
-
-    eager = load_token2wav(tiny_model_dir, cache_mb=64), SpeechLM.from_model_dir(tiny_model_dir)
-    fast = load_token2wav(tiny_model_dir, cache_mb=64), SpeechLM.from_model_dir(tiny_model_dir)
-    compiled.compile_flow(fast[0].flow)
-    compiled.compile_lm(fast[1])
-    counters.clear()
-    compiled.warm_up(*fast, rows=8)  # as a worker with --flow_batch 8
-    # every frame dynamo met compiled whole: a graph break it cannot resume from sends a frame back to eager
-    # (the LM stack once fell back whole on one, its layers then compiled one by one past the recompile limit)
-    assert not counters["graph_break"] and not counters["unimplemented"], dict(counters["unimplemented"])
-    assert counters["frames"]["ok"] == counters["frames"]["total"] > 0
-    return eager, fast
-
-
-def test_compiled_flow_equals_eager(pair, inputs):
-    (eager, _), (fast, _) = pair
+def test_compiled_flow_equals_eager(tiny_model_dir, inputs):
     prompt, tokens = inputs
+    eager, fast = load_token2wav(tiny_model_dir, cache_mb=64), load_token2wav(tiny_model_dir, cache_mb=64)
+    compiled.compile_flow(fast.flow)
+    compiled.warm_up(fast)
     assert (fast.mel(tokens, prompt) - eager.mel(tokens, prompt)).abs().max() < 1e-4
     want, got = stream_mels(eager, prompt, tokens), stream_mels(fast, prompt, tokens)
     assert len(got) == len(want) >= 2
@@ -58,8 +42,9 @@ def test_compiled_flow_equals_eager(pair, inputs):
     assert (fast.mel(short, prompt) - eager.mel(short, prompt)).abs().max() < 1e-4
 
 
-def test_compiled_lm_equals_eager(pair):
-    (_, eager), (_, fast) = pair
+def test_compiled_lm_equals_eager(tiny_model_dir):
+    eager, fast = SpeechLM.from_model_dir(tiny_model_dir), SpeechLM.from_model_dir(tiny_model_dir)
+    compiled.compile_lm(fast)
     embeds = eager.prompt_embeds([5, 6, 7, 8, 9], [], [1, 2, 3])
     continuation = [11, 12, 13, 14, 15, 16]
     want, _ = eager.teacher_forced_logprobs(embeds, continuation)
@@ -69,10 +54,30 @@ def test_compiled_lm_equals_eager(pair):
     assert tokens == list(eager.generate(embeds, min_len=10, max_len=10, seed=1))
 
 
-def test_warm_up_leaves_no_compile_to_requests(pair):
+@pytest.fixture(scope="module")
+def warmed(tiny_model_dir):
+    """Token2wav and LM compiled and warmed up as a `--flow_batch 8` worker does at start-up. Dynamo's eager
+    backend: the same captured graphs and guards as inductor's (what is compiled when is dynamo's doing),
+    without generating kernels, which cold took minutes of CI."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()  # dynamo counts graphs per function, across the compiled copies of earlier tests
+    t2w, lm = load_token2wav(tiny_model_dir, cache_mb=64), SpeechLM.from_model_dir(tiny_model_dir)
+    compiled.compile_flow(t2w.flow, backend="eager")
+    compiled.compile_lm(lm, backend="eager")
+    counters.clear()
+    compiled.warm_up(t2w, lm, rows=8)
+    # every frame dynamo met compiled whole: a graph break it cannot resume from sends a frame back to eager
+    # (the LM stack once fell back whole on one, its layers then compiled one by one past the recompile limit)
+    assert not counters["graph_break"] and not counters["unimplemented"], dict(counters["unimplemented"])
+    assert counters["frames"]["ok"] == counters["frames"]["total"] > 0
+    return t2w, lm
+
+
+def test_warm_up_leaves_no_compile_to_requests(warmed):
     """After warm_up, requests of new lengths (prompts, utterances, streams, LM prompts and caches, the
     bistream chunk after a cache) run on the graphs already compiled: none recompiles in a request."""
-    _, (t2w, lm) = pair
+    t2w, lm = warmed
     g = torch.Generator().manual_seed(5)
     with torch.compiler.set_stance("fail_on_recompile"), torch.inference_mode():
         for n_prompt, n in ((41, 130), (17, 150)):

@@ -30,17 +30,22 @@ COMPILE_OPTIONS: dict = {}  # automatic dynamic (dynamic=True also makes the wid
 #                              inductor's CPU linear fusion cannot lower)
 
 
-def compile_flow(flow: nn.Module) -> None:
-    """Compile `flow`'s estimator in place (its full forward and its incremental streaming function)."""
+def compile_flow(flow: nn.Module, backend: str = "inductor") -> None:
+    """Compile `flow`'s estimator in place (its full forward and its incremental streaming function).
+    `backend` "eager": dynamo captures and guards the same graphs, but no kernels are generated (tests)."""
+    # the incremental function's variants (first chunk, chunk after a state, batched rows; each static,
+    # then dynamic) come to 7 graphs with `--flow_batch`, near dynamo's default limit of 8 per function
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 16)
     est = flow.decoder.estimator
-    est.forward = torch.compile(est.forward, **COMPILE_OPTIONS)
-    est.incremental_fn = torch.compile(incremental.ESTIMATES[type(est)], **COMPILE_OPTIONS)
+    est.forward = torch.compile(est.forward, backend=backend, **COMPILE_OPTIONS)
+    est.incremental_fn = torch.compile(incremental.ESTIMATES[type(est)], backend=backend, **COMPILE_OPTIONS)
 
 
-def compile_lm(lm: nn.Module) -> None:
-    """Compile an embedded `SpeechLM`'s Qwen2 stack in place (prefill and decode step graphs)."""
+def compile_lm(lm: nn.Module, backend: str = "inductor") -> None:
+    """Compile an embedded `SpeechLM`'s Qwen2 stack in place (prefill, decode step and chunk graphs);
+    `backend` as for `compile_flow`."""
     stack = lm.llm.model.model
-    stack.forward = torch.compile(stack.forward, **COMPILE_OPTIONS)
+    stack.forward = torch.compile(stack.forward, backend=backend, **COMPILE_OPTIONS)
 
 
 @torch.inference_mode()
