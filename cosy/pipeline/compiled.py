@@ -5,7 +5,8 @@ symbolic, the model widths stay fixed; `warm_up` shows each graph two lengths, s
 length and no request waits for a recompile of its own shape):
   * the flow's velocity estimator, the module run 2 x n_timesteps times per chunk: its whole-utterance and
     final-chunk forward, and the incremental function that streaming chunks use (`cosy.flow.incremental`);
-  * the embedded LM's Qwen2 stack (`Qwen2Model.forward`): one graph for the prefill, one for the decode step.
+  * the embedded LM's Qwen2 stack (`Qwen2Model.forward`), whole (no graph break): graphs for the prefill, the
+    decode step and a chunk after a cache (bistream segments).
 Logits, RAS sampling, the ODE update, the encoder and HiFT stay eager. The default mode fuses the small
 element-wise kernels (Mish, LayerNorm, GELU, rotary, RMSNorm) that make the eager GPU loops launch-bound;
 CUDA graphs are not used: the decode step's key length grows every step and the flow's frames differ per
@@ -14,9 +15,8 @@ chunk, so every length would need its own recorded graph.
 Numbers: the compiled kernels round differently from the eager ones (fused reductions, other orders), about
 float32 rounding: `bench/compile_check.py` prints the difference and the speed on the device at hand, and
 tests/test_compiled.py holds the mel within 1e-4 and the LM's logits within 1e-4 of eager. `warm_up` runs
-each graph once at start-up, so compilation (tens of seconds, once per process) happens before traffic and
-not on concurrent request threads (a rare later recompile, e.g. a length of 1, which dynamo specializes,
-runs under dynamo's global compile lock).
+each graph at start-up, so compilation (a minute or two on the CPU, once per process) happens before
+traffic: tests/test_compiled.py checks that later requests of new lengths compile nothing.
 """
 from __future__ import annotations
 
