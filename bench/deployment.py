@@ -4,7 +4,7 @@
         [--concurrency 1,4,8] [--requests 0] [--modes zero_shot,cross_lingual,instruct,voice] [--apis pai,openai]
         [--tokens 100] [--capacity] [--split_cost] [--json OUT] [--device cpu]
         [--backend_url URL] [--frontend_urls URL,URL] [--api_key KEY] [--llm_api_key KEY]
-        [--backend_cpus LIST] [--frontend_cpus LIST] [--backend_nice N]
+        [--backend_cpus LIST] [--frontend_cpus LIST] [--backend_nice N] [--backend_idle]
 
 Starts the backend (launch/backend.py) and the frontends (app.py with `--fixed_tokens`, so every request
 generates exactly --tokens speech tokens whatever the random weights prefer) on one shared data dir, unless
@@ -18,7 +18,8 @@ generation tokens/s).
 --split_cost: the same requests one at a time through the backend and with the embedded LM (a second frontend
   without --llm_base_url, on every CPU): first-packet and total latency, and their difference.
 --backend_cpus / --frontend_cpus: the CPU budgets (`--cpus` of launch/backend.py and app.py) of a one-machine
-  split.
+  split. --backend_nice N: the backend's `--nice N`; --backend_idle: under `chrt --idle 0` (SCHED_IDLE: it
+  runs only on CPU time the frontends leave).
 """
 from __future__ import annotations
 
@@ -175,7 +176,8 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--backend_cpus", help="the backend's --cpus (default: vLLM's auto binding)")
     ap.add_argument("--frontend_cpus", help="the frontends' --cpus (default: every CPU)")
-    ap.add_argument("--backend_nice", type=int, default=0, help="start the backend under `nice -n N`")
+    ap.add_argument("--backend_nice", type=int, default=0, help="the backend's --nice N")
+    ap.add_argument("--backend_idle", action="store_true", help="start the backend under `chrt --idle 0`")
     ap.add_argument("--backend_url")
     ap.add_argument("--frontend_urls")
     ap.add_argument("--api_key", default=os.environ.get("COSY_API_KEY"), help="the frontends' key, if any")
@@ -193,7 +195,8 @@ def main() -> None:
         if not llm_url:
             from lm_throughput import start_backend
             extra = ("--cpus", args.backend_cpus) if args.backend_cpus else ()
-            prefix = ("nice", "-n", str(args.backend_nice)) if args.backend_nice else ()
+            extra += ("--nice", str(args.backend_nice)) if args.backend_nice else ()
+            prefix = ("chrt", "--idle", "0") if args.backend_idle else ()
             proc, llm_url = start_backend(model_dir, 8123, args.llm_api_key, extra, prefix)
             procs.append(proc)
         metrics = BackendMetrics(llm_url, args.llm_api_key)

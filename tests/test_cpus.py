@@ -12,7 +12,7 @@ import psutil
 import pytest
 from servers import App
 
-from cosy.deploy.backend import parse_args, vllm_command
+from cosy.deploy.backend import Child, parse_args, vllm_command
 from cosy.deploy.cpus import format_cpus, parse_cpus
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,6 +47,30 @@ def test_backend_binds_vllm_openmp_to_its_cpus(tmp_path):
         os.environ.get("VLLM_CPU_OMP_THREADS_BIND")  # not given: vLLM's own (auto) binding
     with pytest.raises(SystemExit):
         parse_args(["--model_dir", str(tmp_path), "--no_api_key", "--cpus", "x"])
+
+
+AUTOGROUP = Path("/proc/self/autogroup")
+SHOW_PRIORITY = ("import os; a = open('/proc/self/autogroup').read().split()[-1] if os.path.exists('/proc/self/autogroup') "
+                 "else '-'; print(os.nice(0), a, os.getsid(0) == os.getpid())")
+
+
+def test_backend_nice_lowers_vllm_against_other_sessions(tmp_path):
+    """--nice reaches vLLM's server in its own session twice: its nice value and its session's autogroup
+    (with autogroups a plain `nice` only orders processes within one session)."""
+    child = Child([sys.executable, "-c", SHOW_PRIORITY], dict(os.environ), nice=19)
+    assert child.returncode() == 0
+    nice, group, own_session = " ".join(child.tail).split()
+    assert (nice, own_session) == ("19", "True")
+    assert group == ("19" if AUTOGROUP.exists() else "-")
+    if AUTOGROUP.exists():  # what `nice -n 19 python launch/backend.py` gave vLLM: a new session at 0
+        out = subprocess.run(["nice", "-n", "19", sys.executable, "-c", SHOW_PRIORITY], capture_output=True,
+                             text=True, start_new_session=True)
+        assert out.stdout.split() == ["19", "0", "True"], out.stderr
+    args, _ = parse_args(["--model_dir", str(tmp_path), "--no_api_key", "--nice", "19"])
+    assert args.nice == 19
+    for bad in ("20", "-1"):
+        with pytest.raises(SystemExit):
+            parse_args(["--model_dir", str(tmp_path), "--no_api_key", "--nice", bad])
 
 
 def test_app_and_its_workers_run_on_the_given_cpus(tiny_model_dir, tmp_path):

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from cosy.deploy.cpus import format_cpus, parse_cpus, pin
+from cosy.deploy.cpus import MAX_NICE, format_cpus, lower_priority, parse_cpus, pin
 from cosy.lm.export import WEIGHTS, export_for_vllm, llm_fingerprint, served_model_name
 from cosy.model.files import ModelDir, ModelDirError
 from cosy.vllm_plugin import KEEPALIVE, LOGITS_PROCESSOR
@@ -68,6 +68,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                    help="CPU only: the CPU list vLLM runs on, its OpenMP threads one per listed CPU, e.g. 0 "
                         "(default: vLLM's auto binding, which keeps one core for its scheduler); on one machine "
                         "with frontends give each its own cores (see README 'One machine')")
+    p.add_argument("--nice", type=int, default=0,
+                   help=f"lower vLLM's CPU priority to this nice value (1..{MAX_NICE}), for one machine shared "
+                        "with frontends: their flow work then comes first (see README 'One machine')")
     p.add_argument("--max_num_seqs", type=int, default=None, help="16 on CPU, 64 on GPU by default")
     p.add_argument("--max_model_len", type=int, default=None, help="2048 on CPU, 4096 on GPU by default")
     p.add_argument("--cache_dir", default=None, help="writable export cache (default $COSY_CACHE or ~/.cache/cosy)")
@@ -90,6 +93,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
             parse_cpus(args.cpus)
         except ValueError as e:
             p.error(f"--cpus: {e}")
+    if not 0 <= args.nice <= MAX_NICE:
+        p.error(f"--nice {args.nice}: must be 0..{MAX_NICE}")
     return args, extra
 
 
@@ -146,12 +151,18 @@ def _die_with_parent() -> None:
 
 
 class Child:
-    """vLLM's server process: its own process group, its log copied to our stderr with a tail kept."""
+    """vLLM's server process: its own session and process group, its log copied to our stderr with a tail
+    kept; `nice` > 0: at that CPU priority (set in the new session, so its autogroup gets it too)."""
 
-    def __init__(self, cmd: list[str], env: dict[str, str]):
+    def __init__(self, cmd: list[str], env: dict[str, str], nice: int = 0):
+        def before_exec() -> None:
+            if sys.platform == "linux":
+                _die_with_parent()
+            if nice:
+                lower_priority(nice)
+
         self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, start_new_session=True,
-                                     preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+                                     stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=before_exec)
         self.tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL)
         self._reader = threading.Thread(target=self._copy_log, daemon=True)
         self._reader.start()
@@ -268,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     cmd, env = vllm_command(args, export_dir, name, gpu, extra)
     print(f"cosy backend: serving {export_dir} as {name} on {'GPU' if gpu else 'CPU'}", file=sys.stderr)
-    child = Child(cmd, env)
+    child = Child(cmd, env, args.nice)
     stopping = []
 
     def forward(sig: int, _frame) -> None:

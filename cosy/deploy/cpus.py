@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["allowed_cpus", "format_cpus", "parse_cpus", "pin", "usable_cores"]
+__all__ = ["allowed_cpus", "format_cpus", "lower_priority", "parse_cpus", "pin", "usable_cores"]
+
+MAX_NICE = 19
 
 
 def parse_cpus(text: str) -> list[int]:
@@ -68,3 +70,20 @@ def pin(text: str) -> list[int]:
                          f"(this process may use {format_cpus(allowed)})")
     os.sched_setaffinity(0, cpus)
     return cpus
+
+
+def lower_priority(n: int) -> None:
+    """Give this process (and its future children) CPU priority nice `n` (0..19) against every other process.
+
+    A plain nice value is not enough on Linux: with autogroups (`/proc/sys/kernel/sched_autogroup_enabled`)
+    the scheduler first shares the CPU between sessions, and nice only orders processes inside one session, so
+    a niced server started in its own session (as the backend starts vLLM) still gets half of a 2-core machine
+    against a frontend. The session's autogroup gets the same nice value (`/proc/self/autogroup`)."""
+    if not 0 <= n <= MAX_NICE:
+        raise ValueError(f"nice {n}: must be 0..{MAX_NICE}")
+    os.nice(n - os.nice(0))
+    try:
+        with open("/proc/self/autogroup", "w") as f:  # absent without autogroups, or off Linux
+            f.write(str(n))
+    except OSError:
+        pass
