@@ -116,9 +116,11 @@ class RemoteLM:
                  "stop_token_ids": stop, "ignore_eos": p.ignore_stop, "top_k": -1, "vllm_xargs": xargs}
         if logprobs:  # the backend has no tokenizer: log-probs come keyed by "token_id:N"
             extra["return_tokens_as_token_ids"] = True
-        # plain sampling: the backend's logits processor already turned the row into the RAS distribution
+        # plain sampling: the backend's logits processor already turned the row into the RAS distribution.
+        # prompt: an empty id list, not null: vLLM reads the prompt from prompt_embeds either way, and a router
+        # that parses the body (vllm-router) rejects a null or missing prompt (422)
         return self.client.completions.create(
-            model=self.model, prompt=None, max_tokens=int(max_len), temperature=0.0 if p.greedy else 1.0,
+            model=self.model, prompt=[], max_tokens=int(max_len), temperature=0.0 if p.greedy else 1.0,
             top_p=1.0, stream=True, seed=int(seed), logprobs=1 if logprobs else None,
             timeout=httpx.Timeout(self.stall_timeout, connect=self.connect_timeout),  # per read: between tokens
             extra_body=extra)
