@@ -1,19 +1,22 @@
 """The deployment as users run it: one vLLM backend, two frontends (`app.py --llm_base_url`) on one data dir.
 
 Readiness follows the backend without restarting frontends; a reference audio made on one frontend is used
-from the other; a bounded load test (32 concurrent streaming requests, loopback only) completes every
-response and prints first-packet p50/p95 and RTF. Behind a real HAProxy (`cosy.deploy.haproxy`): traffic
-reaches only frontends whose /ready passes, SSE passes unbuffered, a duplex WebSocket task is upgraded through it,
-and gradio_client sticks to one frontend.
+from the other. Behind a real HAProxy (`cosy.deploy.haproxy`): a bounded load test (32 concurrent streaming
+requests, loopback only) completes every response over both frontends and prints first-packet p50/p95 and RTF;
+traffic reaches only frontends whose /ready passes, SSE passes unbuffered, a duplex WebSocket task is upgraded
+through it, gradio_client and the WebUI in a real browser stick to one frontend, and a frontend killed mid-run
+fails only its own streams, is taken out by the health check, and leaves new requests to the survivor.
 """
 from __future__ import annotations
 
 import asyncio
 import base64
+import csv
 import http.server
 import io
 import json
 import shutil
+import socket
 import statistics
 import subprocess
 import threading
@@ -37,14 +40,19 @@ TEXT = "今天天气很好，我们一起去公园散步吧。"
 
 
 @pytest.fixture(scope="module")
-def frontends(backend, tiny_model_dir, tmp_path_factory):
+def apps(backend, tiny_model_dir, tmp_path_factory):
     data = tmp_path_factory.mktemp("nas")
     common = ["--model_dir", str(tiny_model_dir), "--data_dir", str(data), "--workers", "2",
               "--llm_base_url", backend.url, "--llm_api_key", backend.api_key]
-    apps = start_apps(common, common)
-    yield [a.url.rstrip("/") for a in apps]
-    for a in apps:
+    started = start_apps(common, common)
+    yield started
+    for a in started:
         a.stop()
+
+
+@pytest.fixture(scope="module")
+def frontends(apps):
+    return [a.url.rstrip("/") for a in apps]
 
 
 def wait_ready(url: str, want: int, timeout: float = 120) -> httpx.Response:
@@ -83,14 +91,16 @@ def test_reference_audio_from_one_frontend_used_on_the_other(frontends):
     assert ref in [v["id"] for v in httpx.get(f"{b}/api/v1/audio/reference_audio").json()]
 
 
-def _stream_one(url: str, ref: str, i: int) -> dict:
-    """One PAI streaming request; first-packet time, total time and audio seconds, all chunks checked."""
-    body = {"model": "CosyVoice2-0.5B", "input": {"mode": "fast_replication", "text": TEXT,
+def _stream_one(url: str, ref: str, i: int, text: str = TEXT) -> dict:
+    """One PAI streaming request; first-packet time, total time, audio seconds and the frontend that served
+    it (the proxy's header, if any), all chunks checked."""
+    body = {"model": "CosyVoice2-0.5B", "input": {"mode": "fast_replication", "text": text,
                                                   "reference_audio_id": ref},
             "output_format": "pcm", "stream": True, "seed": i}
     start, first, samples, finished = time.monotonic(), None, 0, None
     with httpx.stream("POST", f"{url}/api/v1/audio/speech", json=body, timeout=300) as r:
         assert r.status_code == 200, r.read()
+        served_by = r.headers.get(haproxy.SERVER_HEADER)
         for line in r.iter_lines():
             if not line.startswith("data:"):
                 continue
@@ -98,24 +108,8 @@ def _stream_one(url: str, ref: str, i: int) -> dict:
             first = first or time.monotonic() - start
             samples += len(base64.b64decode(event["output"]["audio"]["data"])) // 2
             finished = event["output"]["finish_reason"]
-    return {"first": first, "total": time.monotonic() - start, "audio": samples / 24000, "finish": finished}
-
-
-def test_load_32_concurrent_streams_over_two_frontends(frontends):
-    with open(ASSETS / "zero_shot_prompt.wav", "rb") as f:
-        ref = httpx.post(f"{frontends[0]}/api/v1/audio/reference_audio", files={"file": ("p.wav", f)},
-                         data={"text": ZS_TEXT}, timeout=120).json()["id"]
-    start = time.monotonic()
-    with ThreadPoolExecutor(32) as pool:
-        results = list(pool.map(lambda i: _stream_one(frontends[i % 2], ref, i), range(32)))
-    wall = time.monotonic() - start
-    assert all(r["finish"] == "stop" and r["audio"] > 0.5 for r in results)  # zero failures, all complete
-    firsts = sorted(r["first"] for r in results)
-    rtfs = [r["total"] / r["audio"] for r in results]
-    audio = sum(r["audio"] for r in results)
-    print(f"\n32 streams over 2 frontends + 1 backend: first packet p50 {statistics.median(firsts):.2f} s, "
-          f"p95 {firsts[int(0.95 * 31)]:.2f} s; RTF p50 {statistics.median(rtfs):.2f}; "
-          f"{audio:.1f} s of audio in {wall:.1f} s wall")
+    return {"first": first, "total": time.monotonic() - start, "audio": samples / 24000, "finish": finished,
+            "frontend": served_by}
 
 
 # --- the frontends behind a real HAProxy (Debian's package), configured by cosy.deploy.haproxy ---
@@ -134,6 +128,22 @@ class NeverReady(http.server.BaseHTTPRequestHandler):
         pass
 
 
+class Proxy(str):
+    """The proxy's URL, with `.stats()`: each server's status from HAProxy's stats socket."""
+
+    socket: str
+
+    def stats(self) -> dict[str, str]:
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(self.socket)
+            s.sendall(b"show stat\n")
+            text = b"".join(iter(lambda: s.recv(65536), b"")).decode()
+        rows = list(csv.reader(text.lstrip("# ").splitlines()))
+        head = rows[0]
+        return {r[head.index("svname")]: r[head.index("status")] for r in rows[1:]
+                if len(r) == len(head) and r[0] == "cosy_frontends"}
+
+
 @pytest.fixture(scope="module")
 def proxy(frontends, tmp_path_factory):
     if shutil.which("haproxy") is None:
@@ -142,10 +152,13 @@ def proxy(frontends, tmp_path_factory):
     threading.Thread(target=never.serve_forever, daemon=True).start()
     port = free_port()
     members = [u.split("//")[1] for u in frontends] + [f"127.0.0.1:{never.server_address[1]}"]
-    cfg = tmp_path_factory.mktemp("haproxy") / "haproxy.cfg"
-    cfg.write_text(haproxy.render(f"127.0.0.1:{port}", members, check_interval_s=0.5))
+    folder = tmp_path_factory.mktemp("haproxy")
+    cfg = folder / "haproxy.cfg"
+    cfg.write_text(haproxy.render(f"127.0.0.1:{port}", members, check_interval_s=0.5,
+                                  stats_socket=str(folder / "stats.sock")))
     proc = subprocess.Popen(["haproxy", "-f", str(cfg)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+    url = Proxy(f"http://127.0.0.1:{port}")
+    url.socket = str(folder / "stats.sock")
     deadline = time.monotonic() + 30
     while True:  # up once both frontends passed two checks (fe3 never does)
         try:
@@ -160,6 +173,30 @@ def proxy(frontends, tmp_path_factory):
     proc.terminate()
     proc.wait(10)
     never.shutdown()
+
+
+def _reference(url: str) -> str:
+    with open(ASSETS / "zero_shot_prompt.wav", "rb") as f:
+        return httpx.post(f"{url}/api/v1/audio/reference_audio", files={"file": ("p.wav", f)},
+                          data={"text": ZS_TEXT}, timeout=120).json()["id"]
+
+
+def test_load_32_concurrent_streams_through_the_proxy(proxy):
+    """32 streaming requests at once through HAProxy to two frontends (2 workers each) and one backend."""
+    ref = _reference(proxy)
+    start = time.monotonic()
+    with ThreadPoolExecutor(32) as pool:
+        results = list(pool.map(lambda i: _stream_one(proxy, ref, i), range(32)))
+    wall = time.monotonic() - start
+    assert all(r["finish"] == "stop" and r["audio"] > 0.5 for r in results)  # zero failures, all complete
+    served = [r["frontend"] for r in results]
+    assert min(served.count("fe1"), served.count("fe2")) >= 8, served  # least connections spreads them
+    firsts = sorted(r["first"] for r in results)
+    rtfs = [r["total"] / r["audio"] for r in results]
+    audio = sum(r["audio"] for r in results)
+    print(f"\n32 streams through HAProxy over 2 frontends + 1 backend: first packet p50 "
+          f"{statistics.median(firsts):.2f} s, p95 {firsts[int(0.95 * 31)]:.2f} s; RTF p50 "
+          f"{statistics.median(rtfs):.2f}; {audio:.1f} s of audio in {wall:.1f} s wall")
 
 
 def test_proxy_balances_over_ready_frontends_only(proxy):
@@ -215,3 +252,81 @@ def test_duplex_websocket_through_proxy_with_the_backend(proxy):
     wav, rate = sf.read(io.BytesIO(audio))
     total = sum(e["payload"]["metrics"]["speech_len"] for e in events[:-1])
     assert rate == 24000 and len(wav) > 0 and abs(len(wav) / rate - total) < 0.01
+
+
+def test_webui_through_the_proxy_in_a_browser(proxy):
+    """The WebUI (Gradio's queue is per process) generates through HAProxy: the affinity cookie keeps the
+    page's upload, queue join and event stream on one frontend."""
+    from playwright.sync_api import sync_playwright
+    from test_webui import ARGS, CHROMIUM, generate, upload_prompt
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 1400})
+            page.set_default_timeout(90_000)
+            page.goto(proxy + "/", wait_until="networkidle")
+            upload_prompt(page, "zero_shot_prompt.wav")
+            page.locator("#prompt_text textarea").fill(ZS_TEXT)
+            page.locator("#tts_text textarea").fill("你好。今天天气很好。")
+            page.locator("#stream input").check()
+            generate(page)
+            cookies = {c["name"]: c["value"] for c in page.context.cookies()}
+            assert cookies.get(haproxy.AFFINITY_COOKIE) in ("fe1", "fe2"), cookies
+        finally:
+            browser.close()
+
+
+def _stream_until_done(url: str, ref: str, i: int, text: str, streaming: dict) -> dict:
+    """A long PAI stream that records, as soon as it knows, which frontend serves it (`streaming[i]`) and
+    ends with its outcome: "stop", or the error the client saw."""
+    body = {"model": "CosyVoice2-0.5B", "input": {"mode": "fast_replication", "text": text,
+                                                  "reference_audio_id": ref},
+            "output_format": "pcm", "stream": True, "seed": i}
+    out = {"frontend": None, "outcome": None}
+    try:
+        with httpx.stream("POST", f"{url}/api/v1/audio/speech", json=body, timeout=300) as r:
+            out["frontend"] = r.headers.get(haproxy.SERVER_HEADER)
+            if r.status_code != 200:
+                out["outcome"] = f"HTTP {r.status_code}"
+                return out
+            for line in r.iter_lines():
+                if line.startswith("data:"):
+                    streaming[i] = out["frontend"]  # audio is flowing on this frontend
+                    out["outcome"] = json.loads(line[5:])["output"]["finish_reason"]
+    except httpx.HTTPError as e:
+        out["outcome"] = type(e).__name__
+    return out
+
+
+def test_frontend_killed_mid_run_leaves_the_survivor_serving(proxy, apps):
+    """(Last in the module: it kills fe1.) Streams in flight on the killed frontend fail with a transport
+    error, never a clean end of audio; those on the other finish; the health check takes fe1 out and new
+    requests all go to fe2."""
+    import psutil
+    ref = _reference(proxy)
+    streaming: dict[int, str] = {}
+    with ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(_stream_until_done, proxy, ref, i, TEXT * 2, streaming) for i in range(8)]
+        deadline = time.monotonic() + 120
+        while set(streaming.values()) != {"fe1", "fe2"}:  # audio flowing from both
+            assert time.monotonic() < deadline and not all(f.done() for f in futures), streaming
+            time.sleep(0.1)
+        victim = psutil.Process(apps[0].proc.pid)
+        for proc in [victim, *victim.children(recursive=True)]:  # the app and its workers, as a crash would
+            proc.kill()
+        results = [f.result() for f in futures]
+    on_fe1 = [r["outcome"] for r in results if r["frontend"] == "fe1"]
+    on_fe2 = [r["outcome"] for r in results if r["frontend"] == "fe2"]
+    # requests fe1 had taken but not yet answered: HAProxy's own 502 (which carries no frontend name)
+    unanswered = [r["outcome"] for r in results if r["frontend"] is None]
+    assert on_fe1 and on_fe2 and len(on_fe1) + len(on_fe2) + len(unanswered) == 8, results
+    assert all(o in ("RemoteProtocolError", "ReadError") for o in on_fe1), results  # cut off, never "stop"
+    assert all(o == "HTTP 502" for o in unanswered), results
+    assert all(o == "stop" for o in on_fe2), results
+    deadline = time.monotonic() + 30
+    while proxy.stats().get("fe1") != "DOWN":
+        assert time.monotonic() < deadline, proxy.stats()
+        time.sleep(0.2)
+    assert proxy.stats()["fe2"] == "UP"
+    after = [_stream_one(proxy, ref, 100 + i) for i in range(2)]
+    assert all(r["finish"] == "stop" and r["audio"] > 0.5 and r["frontend"] == "fe2" for r in after), after

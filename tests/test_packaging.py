@@ -64,19 +64,36 @@ def _env() -> dict[str, str]:
     return {**env, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
 
 
+@pytest.fixture(scope="module")
+def resolutions(fresh_pip, tmp_path_factory) -> dict:
+    """Every case's `pip install --dry-run` started at once (they wait on the network, not the CPU):
+    case -> (process, its folder, start time); its output goes to files there (no pipe fills up)."""
+    started = {}
+    for case, (files, _, _) in CASES.items():
+        folder = tmp_path_factory.mktemp(case)
+        report = folder / "report.json"
+        cmd = [*fresh_pip, "install", "--dry-run", "--ignore-installed", "--use-feature=fast-deps",
+               "--report", str(report)]
+        for f in files:
+            cmd += ["-r", f]
+        with open(folder / "stdout", "w") as out, open(folder / "stderr", "w") as err:
+            started[case] = (subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=err, env=_env()), folder,
+                             time.monotonic())
+    yield started
+    for proc, _, _ in started.values():
+        if proc.poll() is None:
+            proc.kill()
+
+
 @pytest.mark.parametrize("case", list(CASES))
-def test_requirements_resolve(case, fresh_pip, tmp_path):
+def test_requirements_resolve(case, resolutions):
     files, expected, absent = CASES[case]
-    report = tmp_path / "report.json"
-    cmd = [*fresh_pip, "install", "--dry-run", "--ignore-installed", "--use-feature=fast-deps",
-           "--report", str(report)]
-    for f in files:
-        cmd += ["-r", f]
-    t0 = time.monotonic()
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=_env())
+    proc, folder, t0 = resolutions[case]
+    proc.wait(timeout=900)
+    stdout, stderr, report = (folder / "stdout").read_text(), (folder / "stderr").read_text(), folder / "report.json"
     took = time.monotonic() - t0
-    print(f"{case}: {' + '.join(files)} resolved in {took:.1f} s (rc {r.returncode})")
-    assert r.returncode == 0, f"{files} do not resolve:\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}"
+    print(f"{case}: {' + '.join(files)} resolved in {took:.1f} s (rc {proc.returncode}, run beside the others)")
+    assert proc.returncode == 0, f"{files} do not resolve:\n{stdout[-3000:]}\n{stderr[-6000:]}"
     installed = {i["metadata"]["name"].lower().replace("_", "-"): i["metadata"]["version"]
                  for i in json.loads(report.read_text())["install"]}
     for name, version in expected.items():
@@ -84,6 +101,6 @@ def test_requirements_resolve(case, fresh_pip, tmp_path):
         assert version is None or installed[name] == version, f"{case}: {name} {installed[name]} != {version}"
     assert not absent & installed.keys(), f"{case} pulls {sorted(absent & installed.keys())}"
     big = [(m.group(1), float(m.group(2)) * (1024 if m.group(3) == "GB" else 1))
-           for m in re.finditer(r"Downloading (\S+) \(([\d.]+) (MB|GB)\)", r.stdout + r.stderr)]
+           for m in re.finditer(r"Downloading (\S+) \(([\d.]+) (MB|GB)\)", stdout + stderr)]
     big = [b for b in big if b[1] >= BIG_DOWNLOAD_MB]
     assert not big, f"{case}: the resolution downloaded whole wheels: {big}"

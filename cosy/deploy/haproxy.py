@@ -25,8 +25,10 @@ SERVER_HEADER = "X-Cosy-Frontend"  # names the frontend that answered (logs, deb
 
 
 def render(bind: str, frontends: list[str], *, check_interval_s: float = CHECK_INTERVAL_S,
-           stream_timeout_s: int = 600) -> str:
-    """The haproxy.cfg text: `bind` HOST:PORT, `frontends` HOST:PORT each (at least one)."""
+           stream_timeout_s: int = 600, stats_socket: str | None = None) -> str:
+    """The haproxy.cfg text: `bind` HOST:PORT, `frontends` HOST:PORT each (at least one). `stats_socket`: a
+    Unix socket path for HAProxy's runtime API (read-only: `echo "show stat" | socat stdio PATH` lists each
+    frontend's UP/DOWN state)."""
     if not frontends:
         raise ValueError("at least one --frontend HOST:PORT is needed")
     for addr in (bind, *frontends):
@@ -35,14 +37,18 @@ def render(bind: str, frontends: list[str], *, check_interval_s: float = CHECK_I
             raise ValueError(f"not HOST:PORT: {addr!r}")
     servers = "\n".join(f"    server fe{i} {addr} check cookie fe{i}" for i, addr in enumerate(frontends, 1))
     inter = f"{int(check_interval_s * 1000)}ms"
+    stats = f"\n    stats socket {stats_socket} mode 600 level user" if stats_socket else ""
     return f"""\
 # cosy: {len(frontends)} frontend(s) behind {bind}. Written by `python -m cosy.deploy.haproxy`.
 global
-    maxconn 4096
+    maxconn 4096{stats}
 
 defaults
     mode http
     option forwardfor
+    # a frontend that refuses the connection (just died, not yet marked down): try another one
+    option redispatch
+    retries 2
     timeout connect 5s
     # a streamed synthesis may be silent for a while (first packet); WebSockets live long
     timeout client {stream_timeout_s}s
@@ -71,9 +77,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--frontend", action="append", default=[], metavar="HOST:PORT",
                    help="a cosy frontend (app.py); repeat for each")
     p.add_argument("--check_interval", type=float, default=CHECK_INTERVAL_S, help="seconds between /ready checks")
+    p.add_argument("--stats_socket", default=None, help="Unix socket path for HAProxy's read-only runtime API")
     args = p.parse_args(argv)
     try:
-        sys.stdout.write(render(args.bind, args.frontend, check_interval_s=args.check_interval))
+        sys.stdout.write(render(args.bind, args.frontend, check_interval_s=args.check_interval,
+                                stats_socket=args.stats_socket))
     except ValueError as e:
         p.error(str(e))
     return 0
