@@ -54,27 +54,17 @@ def full_model_dir(tmp_path_factory) -> Path:
 def backend(tiny_model_dir, tmp_path_factory):
     """One real vLLM backend on the tiny model for the whole session (~40 s to start on the CPU):
     `.url` (".../v1"), `.api_key`, `.port`, `.model_name`, `.stop()`, `.start()` (same port)."""
-    from servers import Backend
-    tmp = tmp_path_factory.mktemp("backend")
-    b = Backend(tiny_model_dir, tmp / "cache", tmp / "backend.log")
-    try:
-        b.start()
+    from servers import running_backend
+    with running_backend(tiny_model_dir, tmp_path_factory.mktemp("backend")) as b:
         yield b
-    finally:
-        b.stop()
 
 
 @pytest.fixture(scope="session")
 def cv3_backend(tiny_cv3_model_dir, tmp_path_factory):
     """One real vLLM backend on the tiny CosyVoice3 model for the whole session (as `backend`)."""
-    from servers import Backend
-    tmp = tmp_path_factory.mktemp("cv3_backend")
-    b = Backend(tiny_cv3_model_dir, tmp / "cache", tmp / "backend.log")
-    try:
-        b.start()
+    from servers import running_backend
+    with running_backend(tiny_cv3_model_dir, tmp_path_factory.mktemp("cv3_backend")) as b:
         yield b
-    finally:
-        b.stop()
 
 
 from http_stack import stack  # noqa: E402,F401 -- the HTTP API tests' module-scoped server fixture

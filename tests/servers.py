@@ -9,6 +9,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from gradio_client import Client
@@ -97,6 +99,17 @@ class Backend:
 
     def log_tail(self, n: int = 40) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+
+
+@contextmanager
+def running_backend(model_dir: Path, folder: Path) -> Iterator[Backend]:
+    """A started `Backend` on `model_dir` (its export cache and log in `folder`), stopped on exit."""
+    b = Backend(model_dir, folder / "cache", folder / "backend.log")
+    try:
+        b.start()
+        yield b
+    finally:
+        b.stop()
 
 
 class App:

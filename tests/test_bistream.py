@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 import pytest
-from servers import Backend
+from servers import running_backend
 
 from cosy.lm import SamplingParams, SpeechLM
 from cosy.lm.bistream import decode
@@ -59,13 +59,8 @@ def test_fill_and_refeed_rules_are_exercised():
 
 @pytest.fixture(scope="module")
 def golden_backend(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("golden-backend")
-    b = Backend(GOLDEN_MODEL, tmp / "cache", tmp / "backend.log")
-    try:
-        b.start()
+    with running_backend(GOLDEN_MODEL, tmp_path_factory.mktemp("golden-backend")) as b:
         yield b
-    finally:
-        b.stop()
 
 
 @pytest.mark.parametrize("case", GREEDY_CASES, ids=[c["name"] for c in GREEDY_CASES])

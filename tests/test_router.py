@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import ASSETS
-from servers import App, Backend, free_port, metric
+from servers import App, Backend, free_port, metric, running_backend
 
 from cosy.lm.prompt import PromptEmbedder
 from cosy.lm.remote import BackendError, RemoteLM
@@ -24,13 +24,8 @@ ZS_TEXT = "希望你以后能够做的比我还好呦。"
 
 @pytest.fixture(scope="module")
 def second_backend(tiny_model_dir, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("backend2")
-    b = Backend(tiny_model_dir, tmp / "cache", tmp / "backend.log")
-    try:
-        b.start()
+    with running_backend(tiny_model_dir, tmp_path_factory.mktemp("backend2")) as b:
         yield b
-    finally:
-        b.stop()
 
 
 @pytest.fixture(scope="module")
