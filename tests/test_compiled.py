@@ -27,11 +27,21 @@ def stream_mels(t2w, prompt, tokens):
     return mels
 
 
-def test_compiled_flow_equals_eager(tiny_model_dir, inputs):
+@pytest.fixture(scope="module")
+def inductor(tiny_model_dir):
+    """Token2wav (keeping stream state: its incremental graphs too) and the LM compiled with inductor and
+    warmed up as `--compile` does at start-up. Their graphs land in inductor's on-disk cache, where the CLI
+    test's process, compiling the same graphs, finds them: cold, each costs minutes of CI."""
+    t2w, lm = load_token2wav(tiny_model_dir, cache_mb=64), SpeechLM.from_model_dir(tiny_model_dir)
+    compiled.compile_flow(t2w.flow)
+    compiled.compile_lm(lm)
+    compiled.warm_up(t2w, lm)
+    return t2w, lm
+
+
+def test_compiled_flow_equals_eager(tiny_model_dir, inputs, inductor):
     prompt, tokens = inputs
-    eager, fast = load_token2wav(tiny_model_dir, cache_mb=64), load_token2wav(tiny_model_dir, cache_mb=64)
-    compiled.compile_flow(fast.flow)
-    compiled.warm_up(fast)
+    eager, fast = load_token2wav(tiny_model_dir, cache_mb=64), inductor[0]
     assert (fast.mel(tokens, prompt) - eager.mel(tokens, prompt)).abs().max() < 1e-4
     want, got = stream_mels(eager, prompt, tokens), stream_mels(fast, prompt, tokens)
     assert len(got) == len(want) >= 2
@@ -42,9 +52,8 @@ def test_compiled_flow_equals_eager(tiny_model_dir, inputs):
     assert (fast.mel(short, prompt) - eager.mel(short, prompt)).abs().max() < 1e-4
 
 
-def test_compiled_lm_equals_eager(tiny_model_dir):
-    eager, fast = SpeechLM.from_model_dir(tiny_model_dir), SpeechLM.from_model_dir(tiny_model_dir)
-    compiled.compile_lm(fast)
+def test_compiled_lm_equals_eager(tiny_model_dir, inductor):
+    eager, fast = SpeechLM.from_model_dir(tiny_model_dir), inductor[1]
     embeds = eager.prompt_embeds([5, 6, 7, 8, 9], [], [1, 2, 3])
     continuation = [11, 12, 13, 14, 15, 16]
     want, _ = eager.teacher_forced_logprobs(embeds, continuation)
@@ -105,7 +114,8 @@ def test_warm_up_leaves_no_compile_to_requests(warmed):
 
 
 def test_cli_compile_synthesizes_streaming_at_speed(tiny_model_dir, tmp_path):
-    """`python -m cosy --compile`: the engine compiles at start-up and streams a zero-shot request."""
+    """`python -m cosy --compile`: the engine compiles at start-up (its graphs mostly from the on-disk cache
+    the `inductor` fixture filled) and streams a zero-shot request."""
     import subprocess
     import sys
 
