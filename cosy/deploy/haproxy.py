@@ -20,15 +20,21 @@ import argparse
 import sys
 
 CHECK_INTERVAL_S = 2  # /ready poll period; a frontend leaves after 2 failed checks and returns after 2 good ones
+# how long a /ready answer may take: a frontend busy with many streams answers late but is serving (HAProxy's
+# default, the interval, took both frontends of the load test out at once); a dead one refuses at once
+CHECK_TIMEOUT_S = 10
 AFFINITY_COOKIE = "COSY_FRONTEND"
 SERVER_HEADER = "X-Cosy-Frontend"  # names the frontend that answered (logs, debugging, tests)
 
 
 def render(bind: str, frontends: list[str], *, check_interval_s: float = CHECK_INTERVAL_S,
-           stream_timeout_s: int = 600, stats_socket: str | None = None) -> str:
+           check_timeout_s: float = CHECK_TIMEOUT_S, stream_timeout_s: int = 600,
+           stats_socket: str | None = None) -> str:
     """The haproxy.cfg text: `bind` HOST:PORT, `frontends` HOST:PORT each (at least one). `stats_socket`: a
     Unix socket path for HAProxy's runtime API (read-only: `echo "show stat" | socat stdio PATH` lists each
     frontend's UP/DOWN state)."""
+    if check_interval_s <= 0 or check_timeout_s <= 0:
+        raise ValueError("the check interval and timeout must be positive seconds")
     if not frontends:
         raise ValueError("at least one --frontend HOST:PORT is needed")
     for addr in (bind, *frontends):
@@ -55,6 +61,7 @@ defaults
     timeout server {stream_timeout_s}s
     timeout tunnel 3600s
     timeout http-request 30s
+    timeout check {int(check_timeout_s * 1000)}ms
 
 frontend cosy
     bind {bind}
@@ -77,11 +84,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--frontend", action="append", default=[], metavar="HOST:PORT",
                    help="a cosy frontend (app.py); repeat for each")
     p.add_argument("--check_interval", type=float, default=CHECK_INTERVAL_S, help="seconds between /ready checks")
+    p.add_argument("--check_timeout", type=float, default=CHECK_TIMEOUT_S,
+                   help="seconds a /ready answer may take (a frontend under load answers late)")
     p.add_argument("--stats_socket", default=None, help="Unix socket path for HAProxy's read-only runtime API")
     args = p.parse_args(argv)
     try:
         sys.stdout.write(render(args.bind, args.frontend, check_interval_s=args.check_interval,
-                                stats_socket=args.stats_socket))
+                                check_timeout_s=args.check_timeout, stats_socket=args.stats_socket))
     except ValueError as e:
         p.error(str(e))
     return 0

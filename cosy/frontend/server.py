@@ -249,7 +249,9 @@ def readiness(service: FrontendService, llm_base_url: str | None,
     urls = [u.strip() for u in (llm_base_url or "").split(",") if u.strip()]
     family = service.family
     name = served_model_name(llm_fingerprint(service.pool.spec.model_dir), family) if urls else ""
-    backends = [RemoteLM(u, llm_api_key, name, connect_timeout=2.0, read_timeout=2.0, retries=0, family=family)
+    # a backend busy with many streams answers /models late but is serving: 5 s before calling it stalled
+    # (within the proxy's check timeout, cosy.deploy.haproxy); an unreachable one refuses at once
+    backends = [RemoteLM(u, llm_api_key, name, connect_timeout=2.0, read_timeout=5.0, retries=0, family=family)
                 for u in urls]
     health = getattr(service.pool, "backend_health", None)
     cooldown = 10.0  # BackendPool's
