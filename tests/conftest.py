@@ -50,20 +50,48 @@ def full_model_dir(tmp_path_factory) -> Path:
     return write_random_model(tmp_path_factory.mktemp("full"), "full", seed=0)
 
 
+SESSION_BACKENDS = {"backend": "tiny_model_dir", "cv3_backend": "tiny_cv3_model_dir"}  # fixture: its model dir
+
+
 @pytest.fixture(scope="session")
-def backend(tiny_model_dir, tmp_path_factory):
+def launched_backends(request, tmp_path_factory) -> dict:
+    """Every session backend that a collected test needs, launched at once when the first is asked for:
+    vLLM's start-up (about a minute of imports on a slow CPU) then overlaps instead of running twice.
+    Each fixture below waits for its own and stops it; one never asked for is stopped at the end."""
+    from servers import Backend
+    needed = {name for item in request.session.items for name in SESSION_BACKENDS
+              if name in getattr(item, "fixturenames", ())}
+    launched = {}
+    for name in sorted(needed):
+        folder = tmp_path_factory.mktemp(name)
+        launched[name] = Backend(request.getfixturevalue(SESSION_BACKENDS[name]), folder / "cache",
+                                 folder / "backend.log")
+        launched[name].launch()
+    yield launched
+    for b in launched.values():
+        b.stop()
+
+
+def _session_backend(request, name: str):
+    """The context of session backend `name`: the one `launched_backends` launched, else a new one."""
+    from servers import running_backend
+    launched = request.getfixturevalue("launched_backends").get(name)
+    folder = None if launched else request.getfixturevalue("tmp_path_factory").mktemp(name)
+    return running_backend(request.getfixturevalue(SESSION_BACKENDS[name]), folder, launched)
+
+
+@pytest.fixture(scope="session")
+def backend(request):
     """One real vLLM backend on the tiny model for the whole session (~40 s to start on the CPU):
     `.url` (".../v1"), `.api_key`, `.port`, `.model_name`, `.stop()`, `.start()` (same port)."""
-    from servers import running_backend
-    with running_backend(tiny_model_dir, tmp_path_factory.mktemp("backend")) as b:
+    with _session_backend(request, "backend") as b:
         yield b
 
 
 @pytest.fixture(scope="session")
-def cv3_backend(tiny_cv3_model_dir, tmp_path_factory):
+def cv3_backend(request):
     """One real vLLM backend on the tiny CosyVoice3 model for the whole session (as `backend`)."""
-    from servers import running_backend
-    with running_backend(tiny_cv3_model_dir, tmp_path_factory.mktemp("cv3_backend")) as b:
+    with _session_backend(request, "cv3_backend") as b:
         yield b
 
 

@@ -44,25 +44,33 @@ class Backend:
         self.stdout: list[str] = []
 
     def start(self, timeout: float = READY_TIMEOUT) -> None:
+        self.launch()
+        self.wait(timeout)
+
+    def launch(self) -> None:
+        """Start the process and return at once (`wait` blocks until it serves): start-ups overlap."""
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, str(BACKEND), "--model_dir", str(self.model_dir), "--host", "127.0.0.1",
                  "--port", str(self.port), "--api_key", self.api_key, "--cache_dir", str(self.cache_dir),
                  "--max_model_len", "32768"],
                 stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True, cwd=ROOT)
-        lines: queue.Queue[str | None] = queue.Queue()
+        self._lines: queue.Queue[str | None] = queue.Queue()
 
-        def read(proc: subprocess.Popen) -> None:
+        def read(proc: subprocess.Popen, lines: queue.Queue) -> None:
             for raw in proc.stdout:
                 self.stdout.append(raw.decode())
                 lines.put(raw.decode())
             lines.put(None)
 
-        threading.Thread(target=read, args=(self.proc,), daemon=True).start()
+        threading.Thread(target=read, args=(self.proc, self._lines), daemon=True).start()
+
+    def wait(self, timeout: float = READY_TIMEOUT) -> None:
+        """Block until the launched backend prints that it serves; stop it and raise if it does not."""
         deadline = time.monotonic() + timeout
         while True:
             try:
-                line = lines.get(timeout=max(deadline - time.monotonic(), 0.01))
+                line = self._lines.get(timeout=max(deadline - time.monotonic(), 0.01))
             except queue.Empty:
                 line = None
             if line is None or line.startswith(READY):
@@ -102,11 +110,12 @@ class Backend:
 
 
 @contextmanager
-def running_backend(model_dir: Path, folder: Path) -> Iterator[Backend]:
-    """A started `Backend` on `model_dir` (its export cache and log in `folder`), stopped on exit."""
-    b = Backend(model_dir, folder / "cache", folder / "backend.log")
+def running_backend(model_dir: Path, folder: Path | None, launched: Backend | None = None) -> Iterator[Backend]:
+    """A started `Backend` on `model_dir` (its export cache and log in `folder`), stopped on exit;
+    `launched`: one already launched there (`Backend.launch`), waited for instead of started."""
+    b = launched or Backend(model_dir, folder / "cache", folder / "backend.log")
     try:
-        b.start()
+        b.wait() if launched else b.start()
         yield b
     finally:
         b.stop()
