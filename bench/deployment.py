@@ -2,7 +2,7 @@
 
     python bench/deployment.py [--size full|tiny | --model_dir DIR] [--frontends 1] [--workers 1] [--max_batch 8]
         [--concurrency 1,4,8] [--requests 0] [--modes zero_shot,cross_lingual,instruct,voice] [--apis pai,openai]
-        [--tokens 100] [--capacity] [--split_cost] [--json OUT] [--device cpu]
+        [--tokens 100] [--capacity] [--split_cost] [--json OUT] [--device cpu] [--llm_stall_timeout 30]
         [--backend_url URL] [--frontend_urls URL,URL] [--api_key KEY] [--llm_api_key KEY]
         [--backend_cpus LIST] [--frontend_cpus LIST] [--backend_nice N] [--backend_idle]
 
@@ -51,7 +51,8 @@ def start_frontend(model_dir: Path, data_dir: Path, port: int, args, llm_url: st
                    cpus: str | None = None) -> tuple:
     cmd = [sys.executable, str(ROOT / "app.py"), "--model_dir", str(model_dir), "--data_dir", str(data_dir),
            "--host", "127.0.0.1", "--port", str(port), "--workers", str(args.workers), "--max_batch",
-           str(args.max_batch), "--fixed_tokens", str(args.tokens), "--device", args.device, "--max_queue", "256"]
+           str(args.max_batch), "--fixed_tokens", str(args.tokens), "--device", args.device, "--max_queue", "256",
+           "--llm_stall_timeout", str(args.llm_stall_timeout)]
     if llm_url:
         cmd += ["--llm_base_url", llm_url, "--llm_api_key", args.llm_api_key]
     if cpus:
@@ -167,6 +168,9 @@ def main() -> None:
     ap.add_argument("--max_batch", type=int, default=8)
     ap.add_argument("--concurrency", default="1,4,8")
     ap.add_argument("--requests", type=int, default=0)
+    ap.add_argument("--llm_stall_timeout", type=float, default=30.0,
+                    help="the frontends' (README: a CPU backend's prefill burst pauses streams ~11 s; at x16 on 2 "
+                         "cores the default 5 s failed a request that was only slow)")
     ap.add_argument("--modes", default=",".join(load.MODES))
     ap.add_argument("--apis", default="pai,openai")
     ap.add_argument("--tokens", type=int, default=100)
