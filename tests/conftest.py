@@ -50,48 +50,87 @@ def full_model_dir(tmp_path_factory) -> Path:
     return write_random_model(tmp_path_factory.mktemp("full"), "full", seed=0)
 
 
-SESSION_BACKENDS = {"backend": "tiny_model_dir", "cv3_backend": "tiny_cv3_model_dir"}  # fixture: its model dir
+# Bias of the peaked model's LM head (its llm_decoder weight zeroed): every step has this distribution; the
+# largest logit is eos (6561), masked while min_len holds (tests/test_backend_server.py's RAS test)
+PEAKED_BIAS = {10: 4.5, 20: 4.3, 30: 4.1, 40: 3.9, 50: 3.7, 60: 3.5, 70: 3.3, 80: 3.1, 6561: 9.0}
+
+
+@pytest.fixture(scope="session")
+def peaked_model_dir(tiny_model_dir, tmp_path_factory) -> Path:
+    """The tiny model with the LM's logits a constant: PEAKED_BIAS over -5 (only the LM files are copied)."""
+    import shutil
+
+    import torch
+
+    from cosy.model.files import LLM, QWEN_DIR, YAML
+    md = tmp_path_factory.mktemp("peaked")
+    for name in (YAML, LLM):
+        shutil.copy2(tiny_model_dir / name, md / name)
+    shutil.copytree(tiny_model_dir / QWEN_DIR, md / QWEN_DIR)
+    sd = torch.load(md / LLM, weights_only=True)
+    bias = torch.full(sd["llm_decoder.bias"].shape, -5.0)
+    bias[list(PEAKED_BIAS)] = torch.tensor(list(PEAKED_BIAS.values()))
+    sd["llm_decoder.weight"].zero_()
+    sd["llm_decoder.bias"].copy_(bias)
+    torch.save(sd, md / LLM)
+    return md
+
+
+# Every backend fixture (tests/servers.py Backend) and its model dir: the name of a session fixture, or a path.
+# The session backends live to the end; the others (their modules' fixtures) stop when their module ends.
+SHARED_BACKENDS = {"backend": "tiny_model_dir", "cv3_backend": "tiny_cv3_model_dir", "second_backend": "tiny_model_dir",
+                   "golden_backend": GOLDEN / "model", "peaked_backend": "peaked_model_dir"}
 
 
 @pytest.fixture(scope="session")
 def launched_backends(request, tmp_path_factory) -> dict:
-    """Every session backend that a collected test needs, launched at once when the first is asked for:
-    vLLM's start-up (about a minute of imports on a slow CPU) then overlaps instead of running twice.
-    Each fixture below waits for its own and stops it; one never asked for is stopped at the end."""
+    """Every backend in SHARED_BACKENDS that a collected test needs, launched at once when the first is asked
+    for, and waited for together: vLLM's start-up (about a minute of imports on a slow CPU) then overlaps
+    instead of running once per backend, and no later test runs beside a start-up. Each fixture stops its own
+    (`launched_backend`); one never asked for is stopped at the end. One that failed to start fails the tests
+    that need it, with its log."""
     from servers import Backend
-    needed = {name for item in request.session.items for name in SESSION_BACKENDS
+    needed = {name for item in request.session.items for name in SHARED_BACKENDS
               if name in getattr(item, "fixturenames", ())}
     launched = {}
     for name in sorted(needed):
+        model = SHARED_BACKENDS[name]
         folder = tmp_path_factory.mktemp(name)
-        launched[name] = Backend(request.getfixturevalue(SESSION_BACKENDS[name]), folder / "cache",
-                                 folder / "backend.log")
+        launched[name] = Backend(model if isinstance(model, Path) else request.getfixturevalue(model),
+                                 folder / "cache", folder / "backend.log")
         launched[name].launch()
+    for b in launched.values():
+        try:
+            b.wait()
+        except RuntimeError:
+            pass  # raised again, with the log, to the fixture that asks for it
     yield launched
     for b in launched.values():
         b.stop()
 
 
-def _session_backend(request, name: str):
-    """The context of session backend `name`: the one `launched_backends` launched, else a new one."""
+def launched_backend(request, name: str):
+    """The context of backend `name` (a SHARED_BACKENDS fixture): the one `launched_backends` launched, else a
+    new one; stopped on exit."""
     from servers import running_backend
     launched = request.getfixturevalue("launched_backends").get(name)
     folder = None if launched else request.getfixturevalue("tmp_path_factory").mktemp(name)
-    return running_backend(request.getfixturevalue(SESSION_BACKENDS[name]), folder, launched)
+    model = SHARED_BACKENDS[name]
+    return running_backend(model if isinstance(model, Path) else request.getfixturevalue(model), folder, launched)
 
 
 @pytest.fixture(scope="session")
 def backend(request):
     """One real vLLM backend on the tiny model for the whole session (~40 s to start on the CPU):
     `.url` (".../v1"), `.api_key`, `.port`, `.model_name`, `.stop()`, `.start()` (same port)."""
-    with _session_backend(request, "backend") as b:
+    with launched_backend(request, "backend") as b:
         yield b
 
 
 @pytest.fixture(scope="session")
 def cv3_backend(request):
     """One real vLLM backend on the tiny CosyVoice3 model for the whole session (as `backend`)."""
-    with _session_backend(request, "cv3_backend") as b:
+    with launched_backend(request, "cv3_backend") as b:
         yield b
 
 

@@ -42,6 +42,7 @@ class Backend:
         self.model_name = served_model_name(llm_fingerprint(model_dir, cache_dir), ModelDir(model_dir).family)
         self.proc: subprocess.Popen | None = None
         self.stdout: list[str] = []
+        self.ready = False
 
     def start(self, timeout: float = READY_TIMEOUT) -> None:
         self.launch()
@@ -49,12 +50,16 @@ class Backend:
 
     def launch(self) -> None:
         """Start the process and return at once (`wait` blocks until it serves): start-ups overlap."""
+        self.ready = False
+        # 1 GiB of KV cache, not the backend's 2: plenty for the tiny models, and several backends run at once
+        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, str(BACKEND), "--model_dir", str(self.model_dir), "--host", "127.0.0.1",
                  "--port", str(self.port), "--api_key", self.api_key, "--cache_dir", str(self.cache_dir),
                  "--max_model_len", "32768"],
-                stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True, cwd=ROOT)
+                stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True, cwd=ROOT,
+                env=env)
         self._lines: queue.Queue[str | None] = queue.Queue()
 
         def read(proc: subprocess.Popen, lines: queue.Queue) -> None:
@@ -66,7 +71,10 @@ class Backend:
         threading.Thread(target=read, args=(self.proc, self._lines), daemon=True).start()
 
     def wait(self, timeout: float = READY_TIMEOUT) -> None:
-        """Block until the launched backend prints that it serves; stop it and raise if it does not."""
+        """Block until the launched backend prints that it serves; stop it and raise if it does not (and
+        again on every later call)."""
+        if self.ready:
+            return
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -76,9 +84,11 @@ class Backend:
             if line is None or line.startswith(READY):
                 break
         if line is None:
+            self._lines.put(None)  # a later wait fails at once too
             self.stop()
             raise RuntimeError(f"backend not ready within {timeout:.0f} s; log tail:\n{self.log_tail()}")
         assert line == f"{READY}{self.url}\n"
+        self.ready = True
 
     def stop(self, grace: float = 60.0) -> int | None:
         """SIGTERM the backend (it stops vLLM), SIGKILL its group after `grace` s; its exit status."""

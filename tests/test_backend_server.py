@@ -23,6 +23,7 @@ import openai
 import pytest
 import torch
 from safetensors import safe_open
+from conftest import PEAKED_BIAS, launched_backend
 from servers import BACKEND, READY, Backend, free_port
 
 from cosy.lm import SamplingParams, SpeechLM, ras_distribution
@@ -208,30 +209,28 @@ def test_backend_reports_a_child_that_dies(tiny_model_dir, tmp_path):
 
 # ---- the server ---------------------------------------------------------------------------------------
 
-def test_ras_redraws_repeats_through_the_server(tiny_model_dir, tmp_path):
-    """A model whose logits are a constant peaked bias (llm_decoder weight 0), so every step has the same
+@pytest.fixture(scope="module")
+def peaked_backend(request):
+    """A backend on conftest's peaked model (launched with the session's: conftest.SHARED_BACKENDS)."""
+    with launched_backend(request, "peaked_backend") as b:
+        yield b
+
+
+def test_ras_redraws_repeats_through_the_server(peaked_backend, peaked_model_dir):
+    """A model whose logits are a constant peaked bias (conftest.PEAKED_BIAS), so every step has the same
     distribution and the first token is in the second step's nucleus: 2-token completions must never
     repeat (a sampler without RAS would, ~1 time in 6), and both tokens follow RAS exactly (chi-square at
-    ALPHA). Its own server, started and stopped before the module's `backend` starts."""
-    md = _copy_model(tiny_model_dir, tmp_path / "model")
-    sd = torch.load(md / LLM, weights_only=True)
-    bias = torch.full((6564,), -5.0)
-    bias[[10, 20, 30, 40, 50, 60, 70, 80, 6561]] = torch.tensor([4.5, 4.3, 4.1, 3.9, 3.7, 3.5, 3.3, 3.1, 9.0])
-    sd["llm_decoder.weight"].zero_()
-    sd["llm_decoder.bias"].copy_(bias)
-    torch.save(sd, md / LLM)
+    ALPHA)."""
+    bias = torch.load(peaked_model_dir / LLM, weights_only=True)["llm_decoder.bias"]
+    assert {t: round(float(bias[t]), 3) for t in PEAKED_BIAS} == PEAKED_BIAS and bias.max() == bias[6561]
     n, p = 300, SamplingParams()
     p1 = ras_distribution(bias, [], p, mask_eos=True, tokens=TOKENS)  # eos 6561 (the largest logit) masked: min_len 2
     p2 = sum(p1[t] * ras_distribution(bias, [t], p, mask_eos=True, tokens=TOKENS)
              for t in p1.nonzero().flatten().tolist())
     assert (p1 > 0).sum() >= 4 and float((p1 ** 2).sum()) > 0.1  # without RAS: > 10 % repeats
-    hidden = json.loads((md / QWEN_DIR / "config.json").read_text())["hidden_size"]
-    b = Backend(md, tmp_path / "cache", tmp_path / "backend.log")
-    try:
-        b.start()
-        pairs = _draw_many(b, _ras_body(encode_embeds(torch.randn(6, hidden)), p, min_len=2), n, max_tokens=2)
-    finally:
-        b.stop()
+    hidden = json.loads((peaked_model_dir / QWEN_DIR / "config.json").read_text())["hidden_size"]
+    pairs = _draw_many(peaked_backend, _ras_body(encode_embeds(torch.randn(6, hidden)), p, min_len=2), n,
+                       max_tokens=2)
     assert all(len(pair) == 2 for pair in pairs)
     assert not [pair for pair in pairs if pair[0] == pair[1]]
     assert _chi_square_p(collections.Counter(a for a, _ in pairs), p1, n) > ALPHA

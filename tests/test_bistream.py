@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 import pytest
-from servers import running_backend
+from conftest import launched_backend
 
 from cosy.lm import SamplingParams, SpeechLM
 from cosy.lm.bistream import decode
@@ -58,8 +58,9 @@ def test_fill_and_refeed_rules_are_exercised():
 
 
 @pytest.fixture(scope="module")
-def golden_backend(tmp_path_factory):
-    with running_backend(GOLDEN_MODEL, tmp_path_factory.mktemp("golden-backend")) as b:
+def golden_backend(request):
+    """A backend on the golden model (launched with the session's backends: conftest.SHARED_BACKENDS)."""
+    with launched_backend(request, "golden_backend") as b:
         yield b
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import ASSETS
-from servers import App, Backend, free_port, metric, running_backend
+from conftest import ASSETS, launched_backend
+from servers import App, Backend, free_port, metric
 
 from cosy.lm.prompt import PromptEmbedder
 from cosy.lm.remote import BackendError, RemoteLM
@@ -23,8 +23,9 @@ ZS_TEXT = "希望你以后能够做的比我还好呦。"
 
 
 @pytest.fixture(scope="module")
-def second_backend(tiny_model_dir, tmp_path_factory):
-    with running_backend(tiny_model_dir, tmp_path_factory.mktemp("backend2")) as b:
+def second_backend(request):
+    """Another backend on the tiny model (launched with the session's: conftest.SHARED_BACKENDS)."""
+    with launched_backend(request, "second_backend") as b:
         yield b
 
 
