@@ -55,18 +55,25 @@ def full_model_dir(tmp_path_factory) -> Path:
 PEAKED_BIAS = {10: 4.5, 20: 4.3, 30: 4.1, 40: 3.9, 50: 3.7, 60: 3.5, 70: 3.3, 80: 3.1, 6561: 9.0}
 
 
+def copy_lm_files(src: Path, dst: Path) -> Path:
+    """A model dir at `dst` with only what the backend reads from `src` (the yaml, llm.pt, the Qwen dir)."""
+    import shutil
+
+    from cosy.model.files import LLM, QWEN_DIR, YAML
+    dst.mkdir(exist_ok=True)
+    for name in (YAML, LLM):
+        shutil.copy2(src / name, dst / name)
+    shutil.copytree(src / QWEN_DIR, dst / QWEN_DIR)
+    return dst
+
+
 @pytest.fixture(scope="session")
 def peaked_model_dir(tiny_model_dir, tmp_path_factory) -> Path:
     """The tiny model with the LM's logits a constant: PEAKED_BIAS over -5 (only the LM files are copied)."""
-    import shutil
-
     import torch
 
-    from cosy.model.files import LLM, QWEN_DIR, YAML
-    md = tmp_path_factory.mktemp("peaked")
-    for name in (YAML, LLM):
-        shutil.copy2(tiny_model_dir / name, md / name)
-    shutil.copytree(tiny_model_dir / QWEN_DIR, md / QWEN_DIR)
+    from cosy.model.files import LLM
+    md = copy_lm_files(tiny_model_dir, tmp_path_factory.mktemp("peaked"))
     sd = torch.load(md / LLM, weights_only=True)
     bias = torch.full(sd["llm_decoder.bias"].shape, -5.0)
     bias[list(PEAKED_BIAS)] = torch.tensor(list(PEAKED_BIAS.values()))
@@ -94,10 +101,8 @@ def launched_backends(request, tmp_path_factory) -> dict:
               if name in getattr(item, "fixturenames", ())}
     launched = {}
     for name in sorted(needed):
-        model = SHARED_BACKENDS[name]
         folder = tmp_path_factory.mktemp(name)
-        launched[name] = Backend(model if isinstance(model, Path) else request.getfixturevalue(model),
-                                 folder / "cache", folder / "backend.log")
+        launched[name] = Backend(_model_dir(request, name), folder / "cache", folder / "backend.log")
         launched[name].launch()
     for b in launched.values():
         try:
@@ -115,8 +120,12 @@ def launched_backend(request, name: str):
     from servers import running_backend
     launched = request.getfixturevalue("launched_backends").get(name)
     folder = None if launched else request.getfixturevalue("tmp_path_factory").mktemp(name)
+    return running_backend(_model_dir(request, name), folder, launched)
+
+
+def _model_dir(request, name: str) -> Path:
     model = SHARED_BACKENDS[name]
-    return running_backend(model if isinstance(model, Path) else request.getfixturevalue(model), folder, launched)
+    return model if isinstance(model, Path) else request.getfixturevalue(model)
 
 
 @pytest.fixture(scope="session")

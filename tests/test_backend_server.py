@@ -11,7 +11,6 @@ import hashlib
 import io
 import json
 import os
-import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -23,14 +22,14 @@ import openai
 import pytest
 import torch
 from safetensors import safe_open
-from conftest import PEAKED_BIAS, launched_backend
+from conftest import PEAKED_BIAS, copy_lm_files, launched_backend
 from servers import BACKEND, READY, Backend, free_port
 
 from cosy.lm import SamplingParams, SpeechLM, ras_distribution
 from cosy.lm import export as export_mod
 from cosy.lm.export import export_for_vllm, llm_fingerprint, served_model_name
 from cosy.model.families.cosyvoice2 import FAMILY as CV2
-from cosy.model.files import LLM, QWEN_DIR, YAML
+from cosy.model.files import LLM, QWEN_DIR
 
 TOKENS = CV2.tokens
 STOP_TOKENS = TOKENS.stop
@@ -38,14 +37,6 @@ STOP_TOKENS = TOKENS.stop
 ROOT = Path(__file__).resolve().parents[1]
 ALPHA = 1e-3  # significance level of the sampling tests: a correct sampler fails each with probability 1e-3
 TEXT, PROMPT_TEXT, PROMPT_SPEECH = [100, 200, 300, 400, 500], [7, 8], [11, 12, 13]
-
-
-def _copy_model(src: Path, dst: Path) -> Path:
-    dst.mkdir()
-    for name in (YAML, LLM):
-        shutil.copy2(src / name, dst / name)
-    shutil.copytree(src / QWEN_DIR, dst / QWEN_DIR)
-    return dst
 
 
 # ---- export --------------------------------------------------------------------------------------------
@@ -75,7 +66,7 @@ def test_export_layout(tiny_model_dir, tmp_path):
 
 
 def test_fingerprint_cached_and_changed_llm_gets_new_export(tiny_model_dir, tmp_path, monkeypatch):
-    md = _copy_model(tiny_model_dir, tmp_path / "model")
+    md = copy_lm_files(tiny_model_dir, tmp_path / "model")
     sd = torch.load(md / LLM, weights_only=True)
     torch.save(sd, md / LLM)  # re-saved so the fine-tune below comes out the same size
     cache = tmp_path / "cache"
@@ -102,7 +93,7 @@ def test_fingerprint_cached_and_changed_llm_gets_new_export(tiny_model_dir, tmp_
 
 
 def test_read_only_model_dir_and_concurrent_exports(tiny_model_dir, tmp_path):
-    md = _copy_model(tiny_model_dir, tmp_path / "model")
+    md = copy_lm_files(tiny_model_dir, tmp_path / "model")
     paths = sorted(md.rglob("*"))
     for p in [*paths, md]:
         p.chmod(0o555 if p.is_dir() else 0o444)
