@@ -80,6 +80,11 @@ def warmed(tiny_model_dir):
     # (the LM stack once fell back whole on one, its layers then compiled one by one past the recompile limit)
     assert not counters["graph_break"] and not counters["unimplemented"], dict(counters["unimplemented"])
     assert counters["frames"]["ok"] == counters["frames"]["total"] > 0
+    # each graph compiled once, its lengths and batch dynamic from the start (compiled.FLOW_DYNAMIC,
+    # LM_DYNAMIC): the flow's forward without and with lengths 2, the incremental function 4 (first chunk,
+    # after a state: one row, then rows), the LM stack 3 (prefill, decode step, chunk); 17 when each graph
+    # was compiled static at its first size and again dynamic at its second
+    assert counters["stats"]["unique_graphs"] == 9, dict(counters["stats"])
     return t2w, lm
 
 

@@ -1,8 +1,8 @@
 """`--compile`: torch.compile of the two hot loops, the flow estimator and the embedded LM's decoder stack.
 
-What is compiled (inductor with automatic dynamic shapes: a dimension seen at two sizes, the lengths, becomes
-symbolic, the model widths stay fixed; `warm_up` shows each graph two lengths, so one graph then serves every
-length and no request waits for a recompile of its own shape):
+What is compiled (inductor; the lengths and the flow's batch symbolic from the first compile, FLOW_DYNAMIC and
+LM_DYNAMIC, the model widths fixed; `warm_up` runs each graph at two lengths, the second compiling nothing, so
+one graph serves every length and no request waits for a compilation of its own shape):
   * the flow's velocity estimator, the module run 2 x n_timesteps times per chunk: its whole-utterance and
     final-chunk forward, and the incremental function that streaming chunks use (`cosy.flow.incremental`);
   * the embedded LM's Qwen2 stack (`Qwen2Model.forward`), whole (no graph break): graphs for the prefill, the
@@ -29,13 +29,30 @@ from cosy.pipeline.token2wav import FlowPrompt
 COMPILE_OPTIONS: dict = {}  # automatic dynamic (dynamic=True also makes the widths symbolic, which
 #                              inductor's CPU linear fusion cannot lower)
 
+# The inputs' lengths (and the flow's batch), symbolic from the first compile: else each graph is compiled
+# static at its first size, then again dynamic at its second, and the static one (about half of the kernels
+# `warm_up` builds) serves no request. Dynamo's source names of the compiled functions' arguments (dim after
+# the colon; an int without one); the widths stay static.
+FLOW_DYNAMIC = ("L['x']:0", "L['x']:2", "L['mu']:0", "L['mu']:2", "L['cond']:0", "L['cond']:2", "L['spks']:0",
+                "L['t']:0", "L['lengths']:0", "L['run'].past", "L['run'].mask:0", "L['run'].mask:1",
+                r"L\['run'\]\.old\.steps\[\d+\]\['[^']+'\]:0", r"L\['run'\]\.old\.steps\[\d+\]\['[^']+\.[kv]'\]:2")
+LM_DYNAMIC = ("L['inputs_embeds']:1", "L['cache'].length", "L['cache'].max_len", "L['cache'].k:3",
+              "L['cache'].v:3", "L['rope'].cos:0", "L['rope'].sin:0")
+
+
+def _mark_dynamic(sources: tuple[str, ...]) -> None:
+    """Add `sources` to torch.compiler.config.dynamic_sources (kept: what the user set there)."""
+    have = [s for s in torch.compiler.config.dynamic_sources.replace(" ", "").split(",") if s]
+    torch.compiler.config.dynamic_sources = ",".join(have + [s for s in sources if s not in have])
+
 
 def compile_flow(flow: nn.Module, backend: str = "inductor") -> None:
     """Compile `flow`'s estimator in place (its full forward and its incremental streaming function).
     `backend` "eager": dynamo captures and guards the same graphs, but no kernels are generated (tests)."""
-    # the incremental function's variants (first chunk, chunk after a state, batched rows; each static,
-    # then dynamic) come to 7 graphs with `--flow_batch`, near dynamo's default limit of 8 per function
+    # the incremental function's variants (first chunk, chunk after a state, batched rows) come to 4 graphs
+    # with `--flow_batch`; head room over dynamo's default limit of 8 per function for inputs of other kinds
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 16)
+    _mark_dynamic(FLOW_DYNAMIC)
     est = flow.decoder.estimator
     est.forward = torch.compile(est.forward, backend=backend, **COMPILE_OPTIONS)
     est.incremental_fn = torch.compile(incremental.ESTIMATES[type(est)], backend=backend, **COMPILE_OPTIONS)
@@ -44,6 +61,7 @@ def compile_flow(flow: nn.Module, backend: str = "inductor") -> None:
 def compile_lm(lm: nn.Module, backend: str = "inductor") -> None:
     """Compile an embedded `SpeechLM`'s Qwen2 stack in place (prefill, decode step and chunk graphs);
     `backend` as for `compile_flow`."""
+    _mark_dynamic(LM_DYNAMIC)
     stack = lm.llm.model.model
     stack.forward = torch.compile(stack.forward, backend=backend, **COMPILE_OPTIONS)
 
