@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -96,7 +97,7 @@ def launched_backends(request, tmp_path_factory) -> dict:
     instead of running once per backend, and no later test runs beside a start-up. Each fixture stops its own
     (`launched_backend`); one never asked for is stopped at the end. One that failed to start fails the tests
     that need it, with its log."""
-    from servers import Backend
+    from servers import READY_TIMEOUT, Backend
     needed = {name for item in request.session.items for name in SHARED_BACKENDS
               if name in getattr(item, "fixturenames", ())}
     launched = {}
@@ -104,9 +105,12 @@ def launched_backends(request, tmp_path_factory) -> dict:
         folder = tmp_path_factory.mktemp(name)
         launched[name] = Backend(_model_dir(request, name), folder / "cache", folder / "backend.log")
         launched[name].launch()
+    # they share the cores: five at once took 295 s on 2 cores, 316 s two at a time (one alone: 50 s), so
+    # the time allowed grows with their number (a backend that exits is seen at once, whatever the deadline)
+    deadline = time.monotonic() + READY_TIMEOUT * max(len(launched), 1)
     for b in launched.values():
         try:
-            b.wait()
+            b.wait(max(deadline - time.monotonic(), 1.0))
         except RuntimeError:
             pass  # raised again, with the log, to the fixture that asks for it
     yield launched
