@@ -107,7 +107,7 @@ def launched_backends(request, tmp_path_factory) -> dict:
         launched[name].launch()
     # they share the cores: five at once took 295 s on 2 cores, 316 s two at a time (one alone: 50 s), so
     # the time allowed grows with their number (a backend that exits is seen at once, whatever the deadline)
-    deadline = time.monotonic() + READY_TIMEOUT * max(len(launched), 1)
+    deadline = time.monotonic() + READY_TIMEOUT * len(launched)
     for b in launched.values():
         try:
             b.wait(max(deadline - time.monotonic(), 1.0))

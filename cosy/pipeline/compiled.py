@@ -26,8 +26,8 @@ from torch import nn
 from cosy.flow import incremental
 from cosy.pipeline.token2wav import FlowPrompt
 
-COMPILE_OPTIONS: dict = {}  # automatic dynamic (dynamic=True also makes the widths symbolic, which
-#                              inductor's CPU linear fusion cannot lower)
+COMPILE_OPTIONS: dict = {}  # not dynamic=True: it makes the widths symbolic too, which inductor's CPU
+#                              linear fusion cannot lower (the lengths are named below instead)
 
 # The inputs' lengths (and the flow's batch), symbolic from the first compile: else each graph is compiled
 # static at its first size, then again dynamic at its second, and the static one (about half of the kernels
