@@ -16,7 +16,8 @@ generation tokens/s).
   frontend's token consumption at its own saturation (workers x max_batch x 2 requests in flight, LM remote),
   frontends per backend = a / b; then the run above with --frontends confirms it (tokens/s of all frontends).
 --split_cost: the same requests one at a time through the backend and with the embedded LM (a second frontend
-  without --llm_base_url, on every CPU): first-packet and total latency, and their difference.
+  without --llm_base_url, on every CPU), alternating between the two (max(6, --requests) pairs): first-packet and
+  total latency of each pair, the medians and their difference.
 --backend_cpus / --frontend_cpus: the CPU budgets (`--cpus` of launch/backend.py and app.py) of a one-machine
   split. --backend_nice N: the backend's `--nice N`; --backend_idle: under `chrt --idle 0` (SCHED_IDLE: it
   runs only on CPU time the frontends leave).
@@ -159,6 +160,30 @@ def drive(targets, args, metrics: BackendMetrics, levels: list[int], report: dic
                   f"{backend['waiting_max']:.0f}, {backend['tokens_per_s']:.1f} tokens/s", flush=True)
 
 
+def split_cost(split: load.Target, embedded: load.Target, pairs: int) -> dict:
+    """One request at a time, alternating the frontend through the backend and the embedded one (ABBA: each
+    pair's order flips), so a machine that drifts or a process still settling after its start weighs on both
+    alike; the same seed in each pair. Prints every pair and the medians; returns both summaries."""
+    runs: dict[str, list] = {"backend": [], "embedded": []}
+    print(f"split cost: {pairs} pairs of requests one at a time (saved voice, PAI), alternating", flush=True)
+    for i in range(pairs):
+        order = (("backend", split), ("embedded", embedded))
+        for name, target in order if i % 2 == 0 else order[::-1]:
+            runs[name].append(load.one(target, "voice", "pai", seed=i))
+        b, e = runs["backend"][-1], runs["embedded"][-1]
+        print(f"  pair {i}: first packet {b.first:6.2f}s backend, {e.first:6.2f}s embedded; total {b.total:6.2f}s, "
+              f"{e.total:6.2f}s", flush=True)
+    # one at a time: each side's wall time is the sum of its requests' times
+    split_s, local = (load.summarize(runs[n], sum(r.total for r in runs[n] if r.ok) or 1.0) for n in runs)
+    if not (split_s["success"] == 1.0 and local["success"] == 1.0):
+        print("split cost: failed requests: " + "; ".join(split_s["errors"] + local["errors"]), flush=True)
+    fp, rtf = (100 * (split_s[k] / local[k] - 1) for k in ("first_p50", "rtf_p50"))
+    print(f"split cost at 1 concurrent (medians of {pairs}): first packet {split_s['first_p50']:.2f}s through the "
+          f"backend vs {local['first_p50']:.2f}s embedded ({fp:+.1f}%); RTF {split_s['rtf_p50']:.2f} vs "
+          f"{local['rtf_p50']:.2f} ({rtf:+.1f}%)", flush=True)
+    return {"backend": split_s, "embedded": local, "first_packet_pct": fp, "rtf_pct": rtf}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model_dir", type=Path)
@@ -230,14 +255,7 @@ def main() -> None:
             procs.append(proc)
             embedded = load.prepare(load.Target(embedded_url, args.api_key))
             load.run_level([embedded], ["voice"], ["pai"], 1, 1)  # warm-up
-            k = max(3, args.requests)
-            split = load.summarize(*load.run_level(targets[:1], ["voice"], ["pai"], 1, k))
-            local = load.summarize(*load.run_level([embedded], ["voice"], ["pai"], 1, k))
-            report["split_cost"] = {"backend": split, "embedded": local}
-            print(f"split cost at 1 concurrent ({k} requests): first packet {split['first_p50']:.2f}s through the "
-                  f"backend vs {local['first_p50']:.2f}s embedded ({split['first_p50'] - local['first_p50']:+.2f}s); "
-                  f"RTF {split['rtf_p50']:.2f} vs {local['rtf_p50']:.2f} "
-                  f"({100 * (split['rtf_p50'] / local['rtf_p50'] - 1):+.0f}%)", flush=True)
+            report["split_cost"] = split_cost(targets[0], embedded, max(6, args.requests))
     finally:
         for p in reversed(procs):
             stop(p)

@@ -1,12 +1,15 @@
 """LM throughput: tokens/s and time to first token at 1, 8 and 16 concurrent requests, embedded LM vs a
 vLLM backend (`launch/backend.py`), fixed token counts.
 
-    python bench/lm_throughput.py [--model_dir DIR] [--tokens 100] [--concurrency 1,8,16]
-                                  [--backend_url URL --api_key KEY | --start_backend [--backend_cpus LIST]]
+    python bench/lm_throughput.py [--model_dir DIR] [--tokens 100] [--concurrency 1,8,16] [--repeats 1]
+                                  [--backend_url URL --api_key KEY | --start_backend [--backend_cpus LIST]
+                                   [--backend_nice N]]
                                   [--device cuda --dtype bfloat16 --no_tf32]   (the embedded LM's)
 
 Without --model_dir the full-size random model of bench/synthesis.py is used (built if missing).
 --start_backend starts `launch/backend.py` on that model for the run (port 8123) and stops it after.
+Both LMs are loaded for the whole run and measured in turn (the order flips every repeat), each figure the
+median of --repeats.
 """
 from __future__ import annotations
 
@@ -92,6 +95,8 @@ def main() -> None:
     ap.add_argument("--start_backend", action="store_true")
     ap.add_argument("--skip_embedded", action="store_true")
     ap.add_argument("--backend_cpus", default=None, help="--start_backend: its --cpus (default: vLLM's binding)")
+    ap.add_argument("--backend_nice", type=int, default=0, help="--start_backend: its --nice N")
+    ap.add_argument("--repeats", type=int, default=1, help="measurements per LM and level (medians printed)")
     add_device_args(ap)
     args = ap.parse_args()
     check_device_args(ap, args)
@@ -101,33 +106,39 @@ def main() -> None:
         write_random_model(model_dir, "full", seed=0)
     levels = [int(c) for c in args.concurrency.split(",")]
     print(f"model {model_dir}; {args.tokens} tokens per request; prompt 131 positions; embedded LM on "
-          f"{args.device} ({args.dtype})")
-    rows = []
+          f"{args.device} ({args.dtype}); medians of {args.repeats}, the two LMs alternating")
+    lms: dict[str, tuple] = {}  # name -> (generate-able LM, its prompt embeddings)
     if not args.skip_embedded:
         set_tf32(args.device, args.tf32)
         lm = SpeechLM.from_model_dir(model_dir, device=args.device, dtype=DTYPES[args.dtype])
-        embeds = prompt(lm.prompt_embeds)
-        measure(lm, embeds, 5, 1)  # warm-up
-        rows += [("embedded", n, *measure(lm, embeds, args.tokens, n)) for n in levels]
-        del lm
+        lms["embedded"] = (lm, prompt(lm.prompt_embeds))
     proc = None
     url = args.backend_url
     if args.start_backend:
         extra = ("--cpus", args.backend_cpus) if args.backend_cpus else ()
+        extra += ("--nice", str(args.backend_nice)) if args.backend_nice else ()
         proc, url = start_backend(model_dir, 8123, args.api_key, extra)
+    runs: dict[tuple[str, int], list] = {}
     try:
         if url:
             from cosy.lm.remote import RemoteLM  # the backend client (openai): only when there is a backend
             family = ModelDir(model_dir).family
             remote = RemoteLM(url, args.api_key, served_model_name(llm_fingerprint(model_dir), family), family=family)
             remote.check()
-            embeds = prompt(PromptEmbedder.from_model_dir(model_dir))
-            measure(remote, embeds, 5, 1)  # warm-up
-            rows += [("backend", n, *measure(remote, embeds, args.tokens, n)) for n in levels]
+            lms["backend"] = (remote, prompt(PromptEmbedder.from_model_dir(model_dir)))
+        for lm, embeds in lms.values():
+            measure(lm, embeds, 5, 1)  # warm-up
+        # alternated (ABBA), so a machine that drifts during the run weighs on both LMs alike
+        for i in range(args.repeats):
+            for n in levels:
+                for name in (list(lms) if i % 2 == 0 else list(lms)[::-1]):
+                    runs.setdefault((name, n), []).append(measure(*lms[name], args.tokens, n))
     finally:
         if proc is not None:
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(timeout=60)
+    rows = [(name, n, *(statistics.median(r[k] for r in runs[name, n]) for k in range(3)))
+            for name in lms for n in levels]
     print(f"{'LM':<10} {'concurrent':>10} {'tokens/s':>10} {'TTFT p50':>9} {'TTFT p95':>9}")
     for name, n, tps, p50, p95 in rows:
         print(f"{name:<10} {n:>10} {tps:>10.1f} {p50:>8.2f}s {p95:>8.2f}s")

@@ -2,10 +2,12 @@
 embedded and on a backend, in one process (no HTTP frontend, no worker: only the LM's place differs).
 
     python bench/split_timeline.py [--model_dir DIR] [--tokens 100] [--repeats 3] [--threads 2]
-        [--backend_url URL | --backend_cpus LIST --backend_nice N --backend_idle]
+        [--speech_cache_mb 2048] [--backend_url URL | --backend_cpus LIST --backend_nice N --backend_idle]
 
 Prints, per LM and as medians of --repeats: when the first token and the token the first chunk waits for
-arrived, when the first chunk was ready (so how long its flow and HiFT took), and the whole request. Without --backend_url a backend is started on the model (`launch/backend.py`).
+arrived, when the first chunk was ready (so how long its flow and HiFT took), and the whole request. Without
+--backend_url a backend is started on the model (`launch/backend.py`). --speech_cache_mb: the engines' flow
+state budget, as app.py's (its CPU default: the saved voice's prompt chunks are computed once, not per request).
 """
 from __future__ import annotations
 
@@ -68,6 +70,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=100)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--speech_cache_mb", type=int, default=2048)
     ap.add_argument("--backend_url")
     ap.add_argument("--api_key", default=os.environ.get("COSY_LLM_API_KEY", "bench-key"))
     ap.add_argument("--backend_cpus")
@@ -82,8 +85,10 @@ def main() -> None:
         extra += ("--nice", str(args.backend_nice)) if args.backend_nice else ()
         proc, url = start_backend(args.model_dir, 8124, args.api_key, extra, prefix)
     try:
-        engines = {"embedded": Engine.from_model_dir(args.model_dir),
-                   "backend": Engine.from_model_dir(args.model_dir, llm_base_url=url, llm_api_key=args.api_key)}
+        cache = args.speech_cache_mb
+        engines = {"embedded": Engine.from_model_dir(args.model_dir, cache_mb=cache),
+                   "backend": Engine.from_model_dir(args.model_dir, cache_mb=cache, llm_base_url=url,
+                                                    llm_api_key=args.api_key)}
         timed = {}
         for name, e in engines.items():
             timed[name] = e.lm = Timed(FixedLengthLM(e.lm, args.tokens))
