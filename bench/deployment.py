@@ -95,14 +95,18 @@ class BackendMetrics:
         return out
 
     def during(self, fn):
-        """Run fn() while polling; (fn's result, {running_max, waiting_max, tokens_per_s}) or no figures."""
+        """Run fn() while polling; (fn's result, {running_max, waiting_max, tokens_per_s, metrics_unanswered})
+        or no figures."""
         if not self.url:
             return fn(), {}
-        seen, done = [], threading.Event()
+        seen, done, missed = [], threading.Event(), [0]
 
         def poll():
             while not done.wait(0.5):
-                seen.append(self.read())
+                try:
+                    seen.append(self.read())
+                except httpx.HTTPError:  # a starved backend answers late: counted, the level goes on
+                    missed[0] += 1
         first, t0 = self.read(), time.perf_counter()
         threading.Thread(target=poll, daemon=True).start()
         try:
@@ -113,7 +117,7 @@ class BackendMetrics:
         tokens = last["vllm:generation_tokens_total"] - first["vllm:generation_tokens_total"]
         return result, {"running_max": max((s[self.NAMES[0]] for s in seen), default=0),
                         "waiting_max": max((s[self.NAMES[1]] for s in seen), default=0),
-                        "tokens_per_s": tokens / wall}
+                        "tokens_per_s": tokens / wall, "metrics_unanswered": missed[0]}
 
 
 def backend_saturation(model_dir: Path, llm_url: str, key: str, tokens: int, concurrency: int = 32) -> float:
@@ -157,7 +161,9 @@ def drive(targets, args, metrics: BackendMetrics, levels: list[int], report: dic
                 print(row(f"x{n}   {m}", report["levels"][-1]["modes"][m]))
         if backend:
             print(f"x{n} backend: running max {backend['running_max']:.0f}, waiting max "
-                  f"{backend['waiting_max']:.0f}, {backend['tokens_per_s']:.1f} tokens/s", flush=True)
+                  f"{backend['waiting_max']:.0f}, {backend['tokens_per_s']:.1f} tokens/s"
+                  + (f"; /metrics unanswered {backend['metrics_unanswered']} times (10 s timeout)"
+                     if backend["metrics_unanswered"] else ""), flush=True)
 
 
 def split_cost(split: load.Target, embedded: load.Target, pairs: int) -> dict:

@@ -70,7 +70,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                         "with frontends give each its own cores (see README 'One machine')")
     p.add_argument("--nice", type=int, default=0,
                    help=f"lower vLLM's CPU priority to this nice value (1..{MAX_NICE}), for one machine shared "
-                        "with frontends: their flow work then comes first (see README 'One machine')")
+                        "with frontends: their flow work then comes first; 5 does it, 19 starves vLLM once the "
+                        "frontends are saturated (see README 'One machine')")
     p.add_argument("--max_num_seqs", type=int, default=None, help="16 on CPU, 64 on GPU by default")
     p.add_argument("--max_model_len", type=int, default=None, help="2048 on CPU, 4096 on GPU by default")
     p.add_argument("--cache_dir", default=None, help="writable export cache (default $COSY_CACHE or ~/.cache/cosy)")
