@@ -7,7 +7,8 @@ embedded and on a backend, in one process (no HTTP frontend, no worker: only the
 Prints, per LM and as medians of --repeats: when the first token and the token the first chunk waits for
 arrived, when the first chunk was ready (so how long its flow and HiFT took), and the whole request. Without
 --backend_url a backend is started on the model (`launch/backend.py`). --speech_cache_mb: the engines' flow
-state budget, as app.py's (its CPU default: the saved voice's prompt chunks are computed once, not per request).
+state budget, by default app.py's on the CPU (2048 MB: the saved voice's prompt chunks are computed once, not
+per request).
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from lm_throughput import start_backend  # noqa: E402
 from synthesis import PROMPT_TEXT, PROMPT_WAV, TEXT  # noqa: E402
 
+from cosy.frontend.server import speech_cache_mb  # noqa: E402
 from cosy.lm.fixed_length import FixedLengthLM  # noqa: E402
 from cosy.pipeline.engine import Engine, SynthesisRequest  # noqa: E402
 
@@ -70,7 +72,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=100)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--speech_cache_mb", type=int, default=2048)
+    ap.add_argument("--speech_cache_mb", type=int, default=None, help="default: app.py's on the CPU")
     ap.add_argument("--backend_url")
     ap.add_argument("--api_key", default=os.environ.get("COSY_LLM_API_KEY", "bench-key"))
     ap.add_argument("--backend_cpus")
@@ -85,7 +87,7 @@ def main() -> None:
         extra += ("--nice", str(args.backend_nice)) if args.backend_nice else ()
         proc, url = start_backend(args.model_dir, 8124, args.api_key, extra, prefix)
     try:
-        cache = args.speech_cache_mb
+        cache = speech_cache_mb(args, "cpu")  # app.py's rule, so the engines hold what a frontend's do
         engines = {"embedded": Engine.from_model_dir(args.model_dir, cache_mb=cache),
                    "backend": Engine.from_model_dir(args.model_dir, cache_mb=cache, llm_base_url=url,
                                                     llm_api_key=args.api_key)}
