@@ -5,6 +5,7 @@ the stall timeout, and /ready agrees with the backend pool."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import signal
 import socket
@@ -304,3 +305,48 @@ def test_gradio_api_clients_that_leave_free_the_worker_within_2s(frontend):
     event = _gradio_call(url, "saved_voice", ["你好。", ref, 0, 1.0])
     body = httpx.get(f"{url}/gradio_api/call/saved_voice/{event}", timeout=120).text
     assert "event: complete" in body, body
+
+
+def test_sigterm_drains_then_ends_open_streams_with_a_clear_error(tiny_model_dir, tmp_path):
+    """SIGTERM (an orchestrator's stop): /ready turns 503 at once, new requests get 503, a stream in flight
+    past --drain_timeout ends with a ShuttingDown error event (not a cut connection), the process exits 0 and
+    leaves nothing half-written in the data dir."""
+    data = tmp_path / "data"
+    app = App("--model_dir", str(tiny_model_dir), "--data_dir", str(data), "--fixed_tokens", "1500",
+              "--drain_timeout", "2").wait()
+    url = app.url.rstrip("/")
+    r = httpx.post(f"{url}/api/v1/audio/reference_audio", files={"file": ("p.wav", (ASSETS / "zero_shot_prompt.wav")
+                                                                           .read_bytes())},
+                   data={"text": ZS_TEXT}, timeout=120)
+    assert r.status_code == 200, r.text
+    body = {"input": {"mode": "fast_replication", "text": LONG, "reference_audio_id": r.json()["id"]},
+            "output_format": "pcm"}
+    events, sent = [], threading.Event()
+    try:
+        with httpx.stream("POST", f"{url}/api/v1/audio/speech", json=body, timeout=120) as resp:
+            assert resp.status_code == 200
+            for line in resp.iter_lines():
+                if not line.startswith("data: "):
+                    continue
+                events.append(json.loads(line[6:]))
+                if not sent.is_set():
+                    sent.set()
+                    app.proc.send_signal(signal.SIGTERM)
+                    ready = httpx.get(f"{url}/ready", timeout=5)
+                    assert ready.status_code == 503, ready.text  # the reason is in the log, not the answer
+                    refused = httpx.post(f"{url}/api/v1/audio/speech", json={**body, "stream": False}, timeout=10)
+                    assert refused.status_code == 503 and "shutting down" in refused.text, refused.text
+        assert len(events) >= 2
+        last = events[-1]
+        assert last["output"]["finish_reason"] != "stop", last
+        assert "shutting down" in json.dumps(last).lower(), last
+        app.proc.wait(20)
+    finally:
+        if app.proc.poll() is None:
+            app.proc.kill()
+    assert app.proc.returncode == 0, "".join(app.lines)
+    out = "".join(app.lines)
+    assert "draining requests in flight" in out and "ended with ShuttingDown" in out, out
+    assert "Traceback" not in out, out
+    leftovers = [p for p in data.rglob("*") if p.is_file() and (".tmp" in p.name or p.name.startswith(".") and p.name != ".lock")]
+    assert leftovers == [], leftovers

@@ -11,6 +11,7 @@ import argparse
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 
@@ -94,6 +95,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--llm_stall_timeout", type=float, default=DEFAULT_STALL_TIMEOUT,
                    help="seconds an LM backend may go without sending a token before the request moves to "
                         f"another backend (nothing generated yet) or fails (default {DEFAULT_STALL_TIMEOUT:g})")
+    p.add_argument("--drain_timeout", type=float, default=30.0,
+                   help="on SIGTERM: /ready answers 503 at once and requests in flight get this many seconds to "
+                        "finish; those still running then end with a ShuttingDown error (event) (default 30; keep "
+                        "the orchestrator's grace period above it)")
     up, res = store.DEFAULT_UPLOADS, store.DEFAULT_RESULTS
     p.add_argument("--ws_idle_timeout", type=float, default=60.0,
                    help="seconds a WebSocket task (or a connection without one) may go without a client message "
@@ -135,6 +140,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                 setattr(args, dest, read_key_file(path, flag))
             except KeyFileError as e:
                 p.error(str(e))
+    if args.drain_timeout < 0:
+        p.error("--drain_timeout must be >= 0")
     if args.llm_stall_timeout <= 0 or min(args.uploads_max_age, args.uploads_max_mb, args.results_max_age,
                                           args.results_max_mb) <= 0:
         p.error("--llm_stall_timeout, --uploads_max_* and --results_max_* must be > 0")
@@ -267,6 +274,8 @@ def readiness(service: FrontendService, llm_base_url: str | None,
                 service.lm_max_len = min(lens.values())
 
     def ready() -> tuple[bool, str]:
+        if getattr(service.pool, "draining", False):
+            return False, "shutting down (draining the requests in flight)"
         if not service.pool.alive():
             return False, "synthesis workers are not running"
         errors = []
@@ -291,7 +300,25 @@ def readiness(service: FrontendService, llm_base_url: str | None,
 
 
 class _Server(uvicorn.Server):
-    """uvicorn that announces readiness once the socket is listening."""
+    """uvicorn that announces readiness once the socket is listening, and drains before it stops: on the
+    first SIGTERM/SIGINT the pool drains (`WorkerPool.drain`: /ready turns 503 so proxies and Kubernetes
+    stop sending, streams in flight finish or end with a ShuttingDown error) in a thread, then uvicorn stops;
+    a second signal stops at once."""
+
+    drain: Callable[[], None] | None = None
+
+    def handle_exit(self, sig: int, frame) -> None:
+        drain, self.drain = self.drain, None
+        if drain is None or self.should_exit:
+            return super().handle_exit(sig, frame)
+
+        def drain_then_exit() -> None:
+            try:
+                drain()
+            finally:
+                self.should_exit = True
+
+        threading.Thread(target=drain_then_exit, name="drain", daemon=True).start()
 
     async def startup(self, sockets=None) -> None:
         await super().startup(sockets)
@@ -336,8 +363,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         # re-raise the signal to the handler that was there before: for SIGTERM, ours (no-op), so that the
         # clean-up below runs instead of the default action killing the process
         signal.signal(signal.SIGTERM, lambda *_: None)
-        _Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
-                               timeout_graceful_shutdown=5)).run()
+        server = _Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
+                                        timeout_graceful_shutdown=5))
+
+        def drain() -> None:
+            say(f"stopping: draining requests in flight (up to {args.drain_timeout:g} s)")
+            cut = service.pool.drain(args.drain_timeout)
+            if cut:
+                say(f"{cut} request(s) still running were ended with ShuttingDown")
+                time.sleep(1.0)  # their error events go out before the connections close
+
+        server.drain = drain
+        server.run()
         pruner.stop()
     except KeyboardInterrupt:  # a second Ctrl-C, or one during start-up
         pass

@@ -27,13 +27,21 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from cosy.deploy.cpus import usable_cores
-from cosy.errors import Busy, Cancelled, JobError
+from cosy.errors import Busy, Cancelled, JobError, Unavailable
 from cosy.pipeline.request import SynthesisRequest
 from cosy.prompt.encoder import PromptFeatures
 from cosy.service.placement import device_of_worker
 from cosy.service.process import INTERRUPT, EngineSpec, worker_main
 
 log = logging.getLogger(__name__)
+
+
+SHUTTING_DOWN = ("ShuttingDown", "the server is shutting down; retry", 503, None)  # a job's error tuple
+
+
+class ShuttingDown(Unavailable):
+    def __init__(self):
+        super().__init__(SHUTTING_DOWN[1], retry_after=1.0)
 
 
 class QueueFull(Busy):
@@ -72,6 +80,8 @@ class WorkerPool:
         self._conns: list = []
         self._pids: dict = {}  # worker pipe -> its process id (to interrupt its computation)
         self._closing = False
+        self._draining = False
+        self._live: dict[int, Job] = {}  # jobs a worker holds now (guarded by _lock): what drain() ends
         self._ctx = mp.get_context("spawn")
         urls = [u for u in (spec.llm_base_url or "").split(",") if u.strip()]
         # dead-until (time.monotonic(), system-wide) per LM backend, shared by every worker's BackendPool
@@ -140,6 +150,8 @@ class WorkerPool:
             try:
                 for job in new:
                     live[job.id] = (job, time.monotonic())
+                    with self._lock:
+                        self._live[job.id] = job
                     cancel.clear()  # max_batch 1: the event speaks of the one running job
                     conn.send((job.id, job.kind, job.payload))
                 for job_id, (job, _) in live.items():
@@ -160,13 +172,13 @@ class WorkerPool:
                 if job_id not in cancel_sent or kind in ("done", "error"):  # nobody reads chunks after a cancel
                     job.out.put((kind, data))
                 if kind in ("done", "error"):
-                    self._finished(live.pop(job_id)[1])
+                    self._finished(live.pop(job_id)[1], job_id)
                     cancel_sent.discard(job_id)
             except (EOFError, OSError):
-                for job, started in live.values():
+                for job_id, (job, started) in live.items():
                     job.out.put(("error", ("WorkerCrashed", "the synthesis worker stopped unexpectedly; retry",
                                            503, None)))
-                    self._finished(started)
+                    self._finished(started, job_id)
                 live.clear()
                 cancel_sent.clear()
                 if self._closing:
@@ -186,8 +198,9 @@ class WorkerPool:
             except OSError:
                 pass
 
-    def _finished(self, started: float) -> None:
+    def _finished(self, started: float, job_id: int) -> None:
         with self._lock:
+            self._live.pop(job_id, None)
             self._busy -= 1
             self._job_seconds = 0.8 * self._job_seconds + 0.2 * (time.monotonic() - started)
 
@@ -199,6 +212,8 @@ class WorkerPool:
         if cancelled is not None:
             job.cancelled = cancelled
         with self._ready:
+            if self._draining or self._closing:
+                raise ShuttingDown()
             live = [j for j in self._waiting if not j.cancelled.is_set()]
             self._waiting = deque(live)
             if len(live) >= self.max_queue:
@@ -276,6 +291,32 @@ class WorkerPool:
         return {"workers": self.n_workers, "busy": busy, "waiting": waiting, "max_batch": self.max_batch,
                 "capacity": self.n_workers * self.max_batch}
 
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    def drain(self, timeout: float) -> int:
+        """Stop for a clean shutdown: new jobs are refused (`ShuttingDown`, 503), waiting ones end with that
+        error now (another frontend can take them), running ones get `timeout` s to finish; those still
+        running then end with it too (a stream's reader sends it as its error event). Returns how many
+        running jobs were ended so."""
+        with self._ready:
+            self._draining = True
+            waiting, self._waiting = list(self._waiting), deque()
+        for job in waiting:
+            job.out.put(("error", SHUTTING_DOWN))
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not self._live:
+                    return 0
+            time.sleep(0.1)
+        with self._lock:
+            cut = list(self._live.values())
+        for job in cut:
+            job.out.put(("error", SHUTTING_DOWN))
+        return len(cut)
+
     def close(self, grace: float = 3.0) -> None:
         """Stop the workers: ask each to exit (closing its pipe), terminate those still running after
         `grace` s, kill the rest. Waiting jobs end with an error. Safe to call twice."""
@@ -286,7 +327,7 @@ class WorkerPool:
             waiting, self._waiting = list(self._waiting), deque()
             self._ready.notify_all()
         for job in waiting:
-            job.out.put(("error", ("ShuttingDown", "the server is shutting down; retry", 503, None)))
+            job.out.put(("error", SHUTTING_DOWN))
         for conn in self._conns:
             try:
                 conn.send(None)
