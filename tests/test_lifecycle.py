@@ -348,5 +348,6 @@ def test_sigterm_drains_then_ends_open_streams_with_a_clear_error(tiny_model_dir
     out = "".join(app.lines)
     assert "draining requests in flight" in out and "ended with ShuttingDown" in out, out
     assert "Traceback" not in out, out
-    leftovers = [p for p in data.rglob("*") if p.is_file() and (".tmp" in p.name or p.name.startswith(".") and p.name != ".lock")]
+    leftovers = [p for p in data.rglob("*")
+                 if p.is_file() and (".tmp" in p.name or p.name.startswith(".") and p.name != ".lock")]
     assert leftovers == [], leftovers

@@ -29,10 +29,12 @@ SERVER_HEADER = "X-Cosy-Frontend"  # names the frontend that answered (logs, deb
 
 def render(bind: str, frontends: list[str], *, check_interval_s: float = CHECK_INTERVAL_S,
            check_timeout_s: float = CHECK_TIMEOUT_S, stream_timeout_s: int = 600,
-           stats_socket: str | None = None) -> str:
+           stats_socket: str | None = None, dns: bool = False) -> str:
     """The haproxy.cfg text: `bind` HOST:PORT, `frontends` HOST:PORT each (at least one). `stats_socket`: a
     Unix socket path for HAProxy's runtime API (read-only: `echo "show stat" | socat stdio PATH` lists each
-    frontend's UP/DOWN state)."""
+    frontend's UP/DOWN state). `dns`: frontends are names that the system resolver (/etc/resolv.conf: a
+    compose network's or a Kubernetes cluster's DNS) resolves again while running, so a frontend container
+    replaced at a new address is found again, and one not resolvable yet does not stop HAProxy's start."""
     if check_interval_s <= 0 or check_timeout_s <= 0:
         raise ValueError("the check interval and timeout must be positive seconds")
     if not frontends:
@@ -41,7 +43,9 @@ def render(bind: str, frontends: list[str], *, check_interval_s: float = CHECK_I
         host, _, port = addr.rpartition(":")
         if not host or not port.isdigit():
             raise ValueError(f"not HOST:PORT: {addr!r}")
-    servers = "\n".join(f"    server fe{i} {addr} check cookie fe{i}" for i, addr in enumerate(frontends, 1))
+    resolve = " resolvers sysdns init-addr last,libc,none" if dns else ""
+    servers = "\n".join(f"    server fe{i} {addr} check cookie fe{i}{resolve}" for i, addr in enumerate(frontends, 1))
+    resolvers = "\nresolvers sysdns\n    parse-resolv-conf\n    hold valid 5s\n    hold nx 5s\n" if dns else ""
     inter = f"{int(check_interval_s * 1000)}ms"
     stats = f"\n    stats socket {stats_socket} mode 600 level user" if stats_socket else ""
     return f"""\
@@ -62,7 +66,7 @@ defaults
     timeout tunnel 3600s
     timeout http-request 30s
     timeout check {int(check_timeout_s * 1000)}ms
-
+{resolvers}
 frontend cosy
     bind {bind}
     default_backend cosy_frontends
@@ -87,10 +91,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--check_timeout", type=float, default=CHECK_TIMEOUT_S,
                    help="seconds a /ready answer may take (a frontend under load answers late)")
     p.add_argument("--stats_socket", default=None, help="Unix socket path for HAProxy's read-only runtime API")
+    p.add_argument("--dns", action="store_true",
+                   help="frontends are DNS names (compose services, Kubernetes pods) resolved again while running")
     args = p.parse_args(argv)
     try:
         sys.stdout.write(render(args.bind, args.frontend, check_interval_s=args.check_interval,
-                                check_timeout_s=args.check_timeout, stats_socket=args.stats_socket))
+                                check_timeout_s=args.check_timeout, stats_socket=args.stats_socket, dns=args.dns))
     except ValueError as e:
         p.error(str(e))
     return 0
