@@ -397,7 +397,8 @@ def _podman_compose() -> list[str] | None:
     return None
 
 
-@pytest.mark.skipif(_podman_compose() is None, reason="podman-compose is not installed")
+@pytest.mark.skipif(_podman_compose() is None or shutil.which("podman") is None,
+                    reason="podman-compose or podman is not installed")
 def test_podman_compose_config(tmp_path):
     key = tmp_path / "llm_api_key"
     key.write_text("test-key\n")
