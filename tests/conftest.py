@@ -90,6 +90,22 @@ SHARED_BACKENDS = {"backend": "tiny_model_dir", "cv3_backend": "tiny_cv3_model_d
                    "golden_backend": GOLDEN / "model", "peaked_backend": "peaked_model_dir"}
 
 
+def pytest_collection_modifyitems(config, items):
+    """Groups for the README's parallel run (`-n 2 --dist loadgroup`: pytest-xdist, one group per worker at a
+    time): every module with a test that needs a session backend (SHARED_BACKENDS) in one group, so that each
+    backend is launched once, by one worker; every other module a group of its own, so that its module-scoped
+    servers start once. The longest groups go first (the backends' modules, then the image build), so that
+    the other worker fills the time with the rest."""
+    vllm = {item.module.__name__ for item in items if set(SHARED_BACKENDS) & set(item.fixturenames)}
+
+    def group(item) -> str:
+        return "vllm" if item.module.__name__ in vllm else item.module.__name__
+
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(group(item)))
+    items.sort(key=lambda item: {"vllm": 0, "test_images": 1}.get(group(item), 2))  # stable: file order kept
+
+
 @pytest.fixture(scope="session")
 def launched_backends(request, tmp_path_factory) -> dict:
     """Every backend in SHARED_BACKENDS that a collected test needs, launched at once when the first is asked

@@ -50,6 +50,7 @@ def _checksums(t: torch.Tensor) -> dict[str, float]:
             "min": t.min().item(), "max": t.max().item()}
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("prompt", PROMPTS)
 @pytest.mark.parametrize("feature", ["load_wav_16k", "load_wav_24k", "whisper_logmel128", "campplus_fbank80",
                                      "flow_prompt_mel"])
@@ -79,6 +80,7 @@ def test_golden_audio_case(prompt, feature):
         assert abs(mine[key] - ref[key]) <= atol
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_golden_token_mel_alignment(prompt):
     from cosy.prompt.encoder import align
@@ -101,6 +103,7 @@ def _test_signal(sr: int, seconds: float = 1.0, seed: int = 0) -> np.ndarray:
     return x.astype(np.float32)
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("args", [(16000, 400, 128, 0.0, None), (24000, 1920, 80, 0.0, 8000.0)])
 def test_mel_filters_match_librosa(args):
     sr, n_fft, n_mels, fmin, fmax = args
@@ -120,6 +123,7 @@ def test_whisper_log_mel_matches_formula():
     np.testing.assert_allclose(ours[0].numpy(), ref, atol=2e-4)
 
 
+@pytest.mark.quick
 def test_flow_mel_matches_formula():
     x = _test_signal(24000)
     padded = np.pad(x.astype(np.float64), (720, 720), mode="reflect")
@@ -155,6 +159,7 @@ def _kaldi_fbank_reference(x: np.ndarray) -> np.ndarray:
     return feats - feats.mean(axis=0, keepdims=True)
 
 
+@pytest.mark.quick
 def test_kaldi_fbank_matches_formula():
     x = _test_signal(16000)
     ours = kaldi_fbank(torch.from_numpy(x)[None])
@@ -162,6 +167,7 @@ def test_kaldi_fbank_matches_formula():
     np.testing.assert_allclose(ours.numpy(), _kaldi_fbank_reference(x), atol=2e-3)
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("rates", [(22050, 16000), (24000, 16000), (22050, 24000), (16000, 24000), (44100, 16000)])
 def test_resample_matches_sinc_formula(rates):
     """y[j] = sum_i x[i] h((i/orig - j/new) * base), Hann-windowed sinc over +-6 zero crossings, in float64."""
@@ -175,6 +181,7 @@ def test_resample_matches_sinc_formula(rates):
     np.testing.assert_allclose(ours.numpy(), h @ x.astype(np.float64), atol=2e-6)
 
 
+@pytest.mark.quick
 def test_resample_keeps_a_band_limited_tone():
     sr, n = 22050, 22050
     x = np.sin(2 * np.pi * 440 * np.arange(n) / sr).astype(np.float32)
@@ -194,6 +201,7 @@ def zero_shot() -> tuple[np.ndarray, int]:
     return x, sr
 
 
+@pytest.mark.quick
 def test_load_float_and_int16_wav():
     wav, sr = load_audio(ASSETS / "zero_shot_prompt.wav")
     assert sr == 24000 and wav.shape == (83520,) and wav.dtype == torch.float32
@@ -202,6 +210,7 @@ def test_load_float_and_int16_wav():
     assert sr == 22050 and torch.equal(wav, torch.from_numpy(raw.astype(np.float32) / 32768))
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("fmt,subtype,tol", [("FLAC", "PCM_16", 1e-4), ("OGG", "VORBIS", 0.15), ("MP3", None, 0.15)])
 def test_load_compressed_formats(tmp_path, zero_shot, fmt, subtype, tol):
     x, sr = zero_shot
@@ -215,6 +224,7 @@ def test_load_compressed_formats(tmp_path, zero_shot, fmt, subtype, tol):
     assert load_prompt_wav(path, 16000).shape[0] == 1
 
 
+@pytest.mark.quick
 def test_load_arrays(zero_shot):
     x, sr = zero_shot
     pcm = np.round(x * 32767).astype(np.int16)
@@ -223,6 +233,7 @@ def test_load_arrays(zero_shot):
         assert rate == sr and wav.shape == (len(x),) and np.abs(wav.numpy() - x).max() < 1e-4
 
 
+@pytest.mark.quick
 def test_stereo_is_averaged(tmp_path, zero_shot):
     x, sr = zero_shot
     stereo = np.stack([x, -0.5 * x], axis=1)
@@ -244,6 +255,7 @@ def _file(path, data: bytes):
     return path
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("make,message", [
     (lambda p: sf.write(p / "a.wav", _tone(16000, 0.2), 16000) or p / "a.wav", r"0\.20 s; a prompt needs at least"),
     (lambda p: sf.write(p / "a.wav", _tone(16000, 40), 16000) or p / "a.wav", r"40\.0 s; the limit is 30 s"),
@@ -268,6 +280,7 @@ def test_bad_prompt_audio(tmp_path, make, message):
     assert time.perf_counter() - start < 5
 
 
+@pytest.mark.quick
 def test_truncated_wav_is_rejected_as_too_short(tmp_path):
     (tmp_path / "cut.wav").write_bytes((ASSETS / "zero_shot_prompt.wav").read_bytes()[:4000])
     with pytest.raises(AudioError, match="a prompt needs at least"):

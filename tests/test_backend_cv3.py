@@ -30,6 +30,7 @@ def cv3_lm(cv3_dir) -> SpeechLM:
     return SpeechLM.from_model_dir(cv3_dir)
 
 
+@pytest.mark.quick
 def test_export_layout(cv3_dir, tmp_path):
     out = export_for_vllm(cv3_dir, tmp_path)
     cfg = json.loads((out / "config.json").read_text())
@@ -46,6 +47,7 @@ def test_export_layout(cv3_dir, tmp_path):
     assert out.name == "cosyvoice3-" + fp and served_model_name(fp, CV3) == "cosyvoice3-" + fp[:16]
 
 
+@pytest.mark.quick
 def test_processor_masks_sos_not_eos_below_min_len():
     """CosyVoice3's quirk in the processor: before min_len id 6561 (sos) is -inf, eos 6562 and the other
     stop ids stay; cosy_ignore_stop masks all 200 stop ids."""

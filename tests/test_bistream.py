@@ -35,6 +35,7 @@ def golden_lm() -> SpeechLM:
     return SpeechLM.from_model_dir(GOLDEN_MODEL)
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
 def test_embedded_matches_official(case, golden_lm):
     sampled: list[int] = []
@@ -49,6 +50,7 @@ def test_embedded_matches_official(case, golden_lm):
     assert max((abs(a - b) for a, b in zip(steps.logps, logps)), default=0.0) < TOL
 
 
+@pytest.mark.quick
 def test_fill_and_refeed_rules_are_exercised():
     """The fixture covers what the rules say (guards against a case list that lost its hard cases)."""
     ends = {c["bistream"]["end"] for c in CASES}

@@ -26,6 +26,8 @@ from cosy.pipeline.request import SynthesisError
 from cosy.text.frontend import TextFrontend
 from cosy.text.tokenizer import TextTokenizer
 
+pytestmark = pytest.mark.quick  # the inner-loop tier (`pytest -m quick`; README "Tests")
+
 
 @pytest.fixture(scope="module")
 def lm() -> SpeechLM:

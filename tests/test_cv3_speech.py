@@ -26,6 +26,8 @@ from cosy.pipeline.token2wav import FlowPrompt, load_token2wav
 from cosy.verify.golden_check import run
 from cosy.verify.random_model.cosyvoice3_speech import write_flow_hift, yaml_text
 
+pytestmark = pytest.mark.quick  # the inner-loop tier (`pytest -m quick`; README "Tests")
+
 GOLDEN_CV3 = FIXTURES / "golden-cv3"
 KINDS = {"flow", "hift", "token2wav"}
 

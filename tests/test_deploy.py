@@ -26,6 +26,7 @@ from cosy.deploy.voices import VoiceError  # noqa: E402
 from cosy.model.files import ALL_FILES, FLOW, HIFT, LLM, YAML, ModelDir, ModelDirError  # noqa: E402
 from cosy.prompt.encoder import PromptFeatures  # noqa: E402
 
+
 MODEL_ID = "iic/CosyVoice2-0.5B"
 
 
@@ -74,10 +75,12 @@ class Downloads:
 
 # --- local directories ---------------------------------------------------------------------------------
 
+@pytest.mark.quick
 def test_local_complete_dir_resolves_to_itself(tiny_model_dir):
     assert resolve_model_dir(str(tiny_model_dir)) == tiny_model_dir
 
 
+@pytest.mark.quick
 def test_local_incomplete_dir_names_missing_file(tiny_model_dir, tmp_path):
     d = tmp_path / "m"
     _link_tree(tiny_model_dir, d)
@@ -89,6 +92,7 @@ def test_local_incomplete_dir_names_missing_file(tiny_model_dir, tmp_path):
         resolve_model_dir(str(tmp_path / "absent"))
 
 
+@pytest.mark.quick
 def test_read_only_mount_resolves_and_loads(tiny_model_dir, tmp_path):
     d = tmp_path / "ro"
     shutil.copytree(tiny_model_dir, d)  # a real copy: chmod must not touch the shared fixture's inodes
@@ -107,6 +111,7 @@ def test_read_only_mount_resolves_and_loads(tiny_model_dir, tmp_path):
         subprocess.run(["chmod", "-R", "u+w", str(tmp_path)], check=True)
 
 
+@pytest.mark.quick
 def test_cache_dir_matches_lm_export(tmp_path, monkeypatch):
     monkeypatch.setenv("COSY_CACHE", str(tmp_path / "c"))
     assert cache_dir() == tmp_path / "c" and cache_dir().is_dir()
@@ -116,6 +121,7 @@ def test_cache_dir_matches_lm_export(tmp_path, monkeypatch):
 
 # --- hub ids ---------------------------------------------------------------------------------------
 
+@pytest.mark.quick
 def test_hub_id_downloads_once(tiny_model_dir, tmp_path):
     dl = Downloads(tiny_model_dir)
     path = resolve_model_dir(MODEL_ID, tmp_path, download=dl, progress=False)
@@ -129,6 +135,7 @@ def test_hub_id_downloads_once(tiny_model_dir, tmp_path):
     assert dl.calls == 1
 
 
+@pytest.mark.quick
 def test_interrupted_download_leaves_nothing_then_resumes(tiny_model_dir, tmp_path):
     with pytest.raises(ModelDirError, match="could not download .*connection reset"):
         resolve_model_dir(MODEL_ID, tmp_path, download=Downloads(tiny_model_dir, fail_after=LLM), progress=False)
@@ -140,6 +147,7 @@ def test_interrupted_download_leaves_nothing_then_resumes(tiny_model_dir, tmp_pa
     assert dl.calls == 1 and ModelDir(target).missing() == []
 
 
+@pytest.mark.quick
 def test_download_lacking_a_file_is_not_published(tiny_model_dir, tmp_path):
     with pytest.raises(ModelDirError, match="campplus.onnx"):
         resolve_model_dir(MODEL_ID, tmp_path, download=Downloads(tiny_model_dir, skip="campplus.onnx"),
@@ -165,6 +173,7 @@ def test_eight_processes_download_once(tiny_model_dir, tmp_path):
     assert ModelDir(target).missing() == []
 
 
+@pytest.mark.quick
 def test_real_download_offline_says_how_to_point_at_a_local_dir(tmp_path):
     pytest.importorskip("modelscope")  # a test dependency: the real client's failure is what is checked
     env = {**os.environ, "MODELSCOPE_DOMAIN": "http://127.0.0.1:9", "MODELSCOPE_ENDPOINT": "http://127.0.0.1:9",
@@ -192,6 +201,7 @@ def _ttsfrd_zip(path: Path) -> None:
         z.writestr("../evil.txt", "x")  # zipfile drops '..': lands inside, never outside
 
 
+@pytest.mark.quick
 def test_ttsfrd_dirs(tmp_path, monkeypatch):
     monkeypatch.setenv("COSY_CACHE", str(tmp_path / "cache"))
     assert resolve_ttsfrd_dir(None) is None
@@ -232,6 +242,7 @@ def _save_voice_worker(root: str, voice_id: str, seed: int, barrier, queue) -> N
         queue.put(("VoiceError", str(e)))
 
 
+@pytest.mark.quick
 def test_uploads_content_addressed_and_checked(tmp_path):
     data = DataDir(tmp_path / "d", max_upload_bytes=1000)
     blob = b"RIFF" + bytes(range(200))
@@ -249,6 +260,7 @@ def test_uploads_content_addressed_and_checked(tmp_path):
     assert not list(tmp_path.glob("**/etc")) and not (tmp_path / "b.sh").exists()
 
 
+@pytest.mark.quick
 def test_upload_is_atomic(tmp_path, monkeypatch):
     data = DataDir(tmp_path)
 
@@ -260,6 +272,7 @@ def test_upload_is_atomic(tmp_path, monkeypatch):
     assert list(data.uploads.iterdir()) == []  # neither the file nor its temporary
 
 
+@pytest.mark.quick
 def test_fine_tuned_models(tiny_model_dir, tmp_path):
     data = DataDir(tmp_path)
     _link_tree(tiny_model_dir, data.models_root / "ft-1")
@@ -276,6 +289,7 @@ def test_fine_tuned_models(tiny_model_dir, tmp_path):
             data.fine_tuned(bad)
 
 
+@pytest.mark.quick
 def test_voices_shared_between_processes_one_winner(tmp_path):
     root = str(tmp_path / "nas")
     ctx = mp.get_context("spawn")

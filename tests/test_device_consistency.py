@@ -16,6 +16,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from cosy.pipeline.token2wav import MelStretcher, crossfade
 
+pytestmark = pytest.mark.quick  # the inner-loop tier (`pytest -m quick`; README "Tests")
+
 
 @pytest.mark.parametrize("speed", [0.8, 1.5])
 def test_mel_stretcher_stays_on_the_mel_device(speed):

@@ -18,6 +18,8 @@ from cosy.text.frontend import TextFrontend
 from cosy.text.stream import Sentences, split_tail, stream_pieces
 from cosy.text.tokenizer import TextTokenizer
 
+pytestmark = pytest.mark.quick  # the inner-loop tier (`pytest -m quick`; README "Tests")
+
 
 def test_split_tail_holds_back_what_may_continue():
     assert split_tail("今天是20") == ("今天是", "20")

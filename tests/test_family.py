@@ -23,6 +23,8 @@ from cosy.model.families.cosyvoice2 import FAMILY as CV2
 from cosy.model.family import SpeechTokens
 from cosy.model.files import ModelDir, ModelDirError
 
+pytestmark = pytest.mark.quick  # the inner-loop tier (`pytest -m quick`; README "Tests")
+
 # A made-up family: another yaml and tokenizer name, and other special ids in the same 6564-row vocabulary
 # (eos 6563 is the only stop id; 6561 and 6562 are ordinary outputs), so the tiny CosyVoice2 weights serve it.
 TEST = dataclasses.replace(

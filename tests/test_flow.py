@@ -10,6 +10,8 @@ from cosy.flow import EncoderConfig, EstimatorConfig, FlowConfig, FlowModel
 from cosy.flow.conformer import chunk_mask, rel_shift
 from cosy.flow.flow_matching import fixed_noise
 
+pytestmark = pytest.mark.quick  # the inner-loop tier (`pytest -m quick`; README "Tests")
+
 ATOL = 1e-4
 
 # (case, number of tokens, streaming, finalize, expected mel shape)

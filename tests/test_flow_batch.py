@@ -1,10 +1,13 @@
 """Batched, masked flow inference: a padded batch of whole utterances equals each solo `inference`."""
 from __future__ import annotations
 
+import pytest
 import torch
 from conftest import GOLDEN
 from safetensors.torch import load_file
 from test_flow import load_golden_model
+
+pytestmark = pytest.mark.quick  # the inner-loop tier (`pytest -m quick`; README "Tests")
 
 ATOL = 1e-5
 

@@ -7,11 +7,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from conftest import GOLDEN
 from safetensors.torch import load_file, save_file
 
 from cosy.model.load import load_flow, load_hift
+
+pytestmark = pytest.mark.quick  # the inner-loop tier (`pytest -m quick`; README "Tests")
 
 
 def golden_check(*args: str) -> subprocess.CompletedProcess:

@@ -3,7 +3,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from cosy.deploy.backend import kv_cache_bytes, parse_args, vllm_command
+
+pytestmark = pytest.mark.quick  # the inner-loop tier (`pytest -m quick`; README "Tests")
 
 QWEN05 = {"hidden_size": 896, "num_attention_heads": 14, "num_key_value_heads": 2, "num_hidden_layers": 24}
 

@@ -16,6 +16,8 @@ from cosy.hift import (
     weight_normed_keys,
 )
 
+pytestmark = pytest.mark.quick  # the inner-loop tier (`pytest -m quick`; README "Tests")
+
 SMALL = HiFTConfig(base_channels=64, f0_cond_channels=64)  # the golden model/cosyvoice2.yaml hift
 
 

@@ -6,6 +6,10 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.quick  # the inner-loop tier (`pytest -m quick`; README "Tests")
+
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "cosy"
 

@@ -17,6 +17,7 @@ from starlette.routing import Route
 
 from cosy.vllm_plugin.keepalive import COMMENT, QueueKeepalive
 
+
 WAIT = 5.0  # seconds before the first token
 READ_TIMEOUT = 2.5  # the client's, as a frontend's --llm_stall_timeout (comments come every 1 s)
 
@@ -75,6 +76,7 @@ def test_a_stall_after_the_first_token_stays_silent(server):
         read(server, gap=2 * READ_TIMEOUT)
 
 
+@pytest.mark.quick
 def test_the_backend_serves_with_it(tmp_path):
     import json
 
@@ -86,6 +88,7 @@ def test_the_backend_serves_with_it(tmp_path):
     assert cmd[cmd.index("--middleware") + 1] == KEEPALIVE == f"{QueueKeepalive.__module__}.QueueKeepalive"
 
 
+@pytest.mark.quick
 def test_other_routes_pass_unchanged(server):
     r = httpx.get(f"{server}/models", timeout=5)
     assert r.status_code == 200 and r.json() == {"data": []}

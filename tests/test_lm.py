@@ -20,6 +20,8 @@ from cosy.model.families.cosyvoice2 import FAMILY as CV2
 from cosy.model.files import ModelDirError
 from cosy.verify.random_model.llm import write_llm_pt
 
+pytestmark = pytest.mark.quick  # the inner-loop tier (`pytest -m quick`; README "Tests")
+
 TOKENS = CV2.tokens
 EOS = TOKENS.eos
 

@@ -45,6 +45,8 @@ argparse.ArgumentParser.parse_args = grab
 out = {}
 from cosy.deploy import backend
 from cosy.frontend import server
+
+pytestmark = pytest.mark.quick  # the inner-loop tier (`pytest -m quick`; README "Tests")
 for role, call in (("backend", lambda: backend.parse_args([])), ("frontend", lambda: server.parse_args([]))):
     try:
         call()

@@ -12,6 +12,8 @@ from cosy.model.config import read_model_config
 from cosy.model.files import ModelDir, ModelDirError
 from cosy.model.hyperyaml import Tagged, load_hyperyaml
 
+pytestmark = pytest.mark.quick  # the inner-loop tier (`pytest -m quick`; README "Tests")
+
 
 def test_golden_yaml_values():
     cfg = read_model_config(GOLDEN / "model" / "cosyvoice2.yaml")

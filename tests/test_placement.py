@@ -53,6 +53,8 @@ def _tool(bin_dir, name: str, log, body: str = "") -> None:
     path = bin_dir / name
     path.write_text(f"""#!{sys.executable}
 import json, os, sys
+
+pytestmark = pytest.mark.quick  # the inner-loop tier (`pytest -m quick`; README "Tests")
 stdin = "" if sys.stdin.isatty() else sys.stdin.read()
 with open({str(log)!r}, "a") as f:
     f.write(json.dumps({{"argv": sys.argv, "stdin": stdin,

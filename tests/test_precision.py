@@ -12,6 +12,8 @@ from cosy.pipeline.engine import Engine
 from cosy.pipeline.request import SynthesisRequest
 from cosy.pipeline.token2wav import FlowPrompt, load_token2wav
 
+pytestmark = pytest.mark.quick  # the inner-loop tier (`pytest -m quick`; README "Tests")
+
 
 def test_dtype_rule():
     assert resolve_dtype("float32", "cpu") is torch.float32

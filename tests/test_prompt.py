@@ -17,6 +17,8 @@ from cosy.model.files import ModelDirError
 from cosy.prompt import PromptFeatures, VoicePromptEncoder, align
 from cosy.verify.random_model.onnx_models import write_campplus_onnx, write_speech_tokenizer_onnx
 
+pytestmark = pytest.mark.quick  # the inner-loop tier (`pytest -m quick`; README "Tests")
+
 PROMPTS = {"zero_shot": (87, 348), "cross_lingual": (343, 1374)}  # aligned tokens, Whisper frames
 
 

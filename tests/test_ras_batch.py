@@ -12,6 +12,8 @@ from cosy.lm import SamplingParams, ras_distribution
 from cosy.lm.ras_batch import ras_logprobs_batch
 from cosy.model.families.cosyvoice2 import FAMILY as CV2
 
+pytestmark = pytest.mark.quick  # the inner-loop tier (`pytest -m quick`; README "Tests")
+
 TOKENS = CV2.tokens
 V = TOKENS.vocab
 NORMAL = -87.33  # log of float32's smallest normal: below, the official float32 softmax gives subnormals

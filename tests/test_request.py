@@ -11,6 +11,8 @@ from cosy.errors import BadRequest, CosyError, JobError, error_type
 from cosy.pipeline.request import SynthesisError, SynthesisRequest, as_number
 from cosy.prompt.encoder import PromptFeatures
 
+pytestmark = pytest.mark.quick  # the inner-loop tier (`pytest -m quick`; README "Tests")
+
 
 def test_request_crosses_the_process_hop_unchanged():
     voice = PromptFeatures(torch.arange(6, dtype=torch.int32).view(1, 6), torch.randn(1, 12, 80), torch.randn(1, 192))

@@ -11,6 +11,8 @@ from cosy import FlowPrompt, load_token2wav
 from cosy.flow import incremental
 from cosy.speech.cache import StateBudget
 
+pytestmark = pytest.mark.quick  # the inner-loop tier (`pytest -m quick`; README "Tests")
+
 CASES = load_file(GOLDEN / "cases.safetensors")
 TOKENS = CASES["flow.token"].flatten().tolist() * 2  # 120 tokens: several chunks, hops 25 -> 50 -> 100
 

@@ -14,6 +14,8 @@ from cosy.text import ENDOFPROMPT_ID, EOS_ID, SPECIAL_TOKENS, TextFrontend, Text
 from cosy.text.normalize import PIECE_CHARS, WHOLE_CHARS, _pieces
 from cosy.text.split import is_only_punctuation, split_paragraph
 
+pytestmark = pytest.mark.quick  # the inner-loop tier (`pytest -m quick`; README "Tests")
+
 EXTRA = json.loads((GOLDEN / "cases.json").read_text(encoding="utf-8"))["extra"]
 NORMALIZE_CASES = EXTRA["text_normalize"]
 # Inputs where we deliberately differ from the official output: input -> reason. None today: all 32 match

@@ -12,6 +12,8 @@ from safetensors.torch import load_file
 from cosy import FlowPrompt, load_token2wav
 from cosy.pipeline.token2wav import MelStretcher
 
+pytestmark = pytest.mark.quick  # the inner-loop tier (`pytest -m quick`; README "Tests")
+
 CASES = load_file(GOLDEN / "cases.safetensors")
 SPF = 480  # samples per mel frame
 

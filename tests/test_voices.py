@@ -9,6 +9,8 @@ import torch
 from cosy.deploy.voices import VoiceError, VoiceStore
 from cosy.prompt.encoder import PromptFeatures
 
+pytestmark = pytest.mark.quick  # the inner-loop tier (`pytest -m quick`; README "Tests")
+
 
 def features() -> PromptFeatures:
     return PromptFeatures(torch.arange(10, dtype=torch.int32)[None], torch.randn(1, 20, 80), torch.randn(1, 192))
