@@ -90,20 +90,35 @@ SHARED_BACKENDS = {"backend": "tiny_model_dir", "cv3_backend": "tiny_cv3_model_d
                    "golden_backend": GOLDEN / "model", "peaked_backend": "peaked_model_dir"}
 
 
+# The modules whose tests use a session backend (SHARED_BACKENDS): the README's parallel run keeps them on one
+# worker, so that each backend is launched once (checked against the fixtures at collection)
+BACKEND_MODULES = {"test_app", "test_backend_cv3", "test_backend_server", "test_bistream", "test_cv3_e2e",
+                   "test_deployment", "test_lifecycle", "test_lm_client", "test_router"}
+
+
+def _scope(module: str) -> str:
+    return "backends" if module in BACKEND_MODULES else module
+
+
 def pytest_collection_modifyitems(config, items):
-    """Groups for the README's parallel run (`-n 2 --dist loadgroup`: pytest-xdist, one group per worker at a
-    time): every module with a test that needs a session backend (SHARED_BACKENDS) in one group, so that each
-    backend is launched once, by one worker; every other module a group of its own, so that its module-scoped
-    servers start once. The longest groups go first (the backends' modules, then the image build), so that
-    the other worker fills the time with the rest."""
-    vllm = {item.module.__name__ for item in items if set(SHARED_BACKENDS) & set(item.fixturenames)}
+    """The longest scopes first (the backends' modules, then the image build), so that in the parallel run
+    the other worker fills the time with the rest; a module that uses a session backend must be listed."""
+    using = {item.module.__name__ for item in items if set(SHARED_BACKENDS) & set(item.fixturenames)}
+    assert using <= BACKEND_MODULES, f"add {sorted(using - BACKEND_MODULES)} to BACKEND_MODULES (tests/conftest.py)"
+    items.sort(key=lambda item: {"backends": 0, "test_images": 1}.get(_scope(item.module.__name__), 2))
 
-    def group(item) -> str:
-        return "vllm" if item.module.__name__ in vllm else item.module.__name__
 
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(group(item)))
-    items.sort(key=lambda item: {"vllm": 0, "test_images": 1}.get(group(item), 2))  # stable: file order kept
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """The README's run (`-n 2 --dist loadscope`, pytest-xdist): every module whole on one worker (its
+    module-scoped servers start once), and the backends' modules together on one."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByModule(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _scope(Path(nodeid.split("::", 1)[0]).stem)
+
+    return ByModule(config, log)
 
 
 @pytest.fixture(scope="session")

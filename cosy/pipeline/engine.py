@@ -162,14 +162,18 @@ class Engine:
 
     def _streamed_ids(self, pieces: Iterable[str],
                       on_text: Callable[[str], None] | None = None) -> Iterator[list[int]]:
-        """Text ids of each normalized piece; SynthesisError at the end if nothing speakable came."""
+        """The text ids of the normalized pieces, one id at a time, as the official frontend feeds bistream
+        (`_extract_text_token_generator`): the decoder takes one mix block per piece after each fill, so a
+        piece of whole sentences fed as one would wait for the next piece or the text's end before its
+        speech goes past the first block. SynthesisError at the end if nothing speakable came."""
         n = 0
         for text in stream_pieces(self.text, pieces):
             ids = self.text.encode(text)
             n += len(ids)
             if on_text is not None:
                 on_text(text)
-            yield ids
+            for i in ids:
+                yield [i]
         if n == 0:
             raise SynthesisError("the text is empty: nothing to speak arrived before its end")
 
