@@ -12,10 +12,11 @@ import pytest
 from conftest import ASSETS
 
 from cosy.errors import Cancelled
-from cosy.pipeline.request import SynthesisError, SynthesisRequest
+from cosy.pipeline.engine import Engine
+from cosy.pipeline.request import LM_DUPLEX_SEGMENT_TOKENS, SynthesisError, SynthesisRequest, lm_tokens_needed
 from cosy.service.workers import EngineSpec, WorkerPool
 from cosy.text.frontend import TextFrontend
-from cosy.text.stream import Sentences, split_tail, stream_pieces
+from cosy.text.stream import Sentences, sentence_parts, split_tail, stream_pieces
 from cosy.text.tokenizer import TextTokenizer
 
 pytestmark = pytest.mark.quick  # the inner-loop tier (`pytest -m quick`; README "Tests")
@@ -95,3 +96,48 @@ def test_duplex_request_rules():
     with pytest.raises(SynthesisError, match="no text to stream"):
         SynthesisRequest(mode="vc", duplex=True).check()
     SynthesisRequest(mode="cross_lingual", duplex=True).check()  # the text comes later
+
+
+def test_sentence_parts_cut_after_end_marks_and_quotes():
+    assert sentence_parts("你好。“好”！Ok? go") == [("你好。", True), ("“好”！", True), ("Ok?", True), (" go", False)]
+    assert sentence_parts("苹果、香蕉：橘子") == [("苹果、香蕉：橘子", False)]  # lists and clauses stay whole
+    assert sentence_parts("") == [] and sentence_parts("。") == [("。", True)]
+
+
+def test_a_whole_sentence_is_spoken_before_the_text_ends(tiny_model_dir):
+    """The LM decodes the duplex text per sentence: complete sentences are spoken while the text is still
+    open (one bistream over the whole text gives 15 speech tokens per 5 text ids until its end: 13 ids of
+    three sentences made 30 tokens, short of the first chunk, and nothing was heard until finish-task)."""
+    engine = Engine.from_model_dir(tiny_model_dir)
+    text = queue.Queue()
+    text.put("今天天气很好。我们去公园散步吧。你觉得怎么样？")
+    ended = threading.Event()
+
+    def end_text() -> None:  # a failing test ends, late, instead of hanging
+        ended.set()
+        text.put(None)
+
+    timer = threading.Timer(120.0, end_text)
+    timer.start()
+    chunks = engine.synthesize_duplex(request(), iter(text.get, None))
+    try:
+        first = next(chunks)
+        assert not ended.is_set() and first.numel() > 0, "no audio until the text ended"
+    finally:
+        timer.cancel()
+        text.put(None)
+    assert sum(c.numel() for c in chunks) > 0  # the rest after the text's end
+
+
+def test_duplex_segments_hold_at_most_the_budgeted_ids(tiny_model_dir):
+    """A sentence that never ends is cut into LM segments of LM_DUPLEX_SEGMENT_TOKENS ids, so the LM's
+    context holds one segment however long the streamed text (check_lm_budget keeps room for one)."""
+    engine = Engine.from_model_dir(tiny_model_dir)
+    pieces = ["今天天气很好我们一起去公园散步看看花草树木听听鸟儿唱歌"] * 12 + ["。", "好。"]
+    segments = [[ids[0] for ids in segment] for segment in engine._segments(iter(pieces))]
+    every = [i for _, ids in ((p, engine.text.encode(p)) for p in pieces) for i in ids]
+    assert [i for s in segments for i in s] == every  # all of the text, in order, one id per piece
+    assert max(map(len, segments)) == LM_DUPLEX_SEGMENT_TOKENS and len(segments) >= 3
+    assert segments[-1] == engine.text.encode("好。")  # the last sentence on its own
+    need = lm_tokens_needed(SynthesisRequest(mode="cross_lingual", duplex=True))
+    assert need == 2 + LM_DUPLEX_SEGMENT_TOKENS * 21

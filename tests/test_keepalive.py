@@ -4,6 +4,7 @@ none after it, and other responses pass unchanged."""
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 
@@ -34,13 +35,33 @@ async def completions(request):
     return StreamingResponse(tokens(), media_type="text/event-stream")
 
 
+def _chunk(tokens: list[int], finish: str | None = None) -> bytes:
+    choice = {"index": 0, "text": "", "finish_reason": finish, "logprobs": None, "token_ids": tokens}
+    body = {"id": "c", "object": "text_completion", "created": 0, "model": "m", "choices": [choice]}
+    return f"data: {json.dumps(body)}\n\n".encode()
+
+
+async def lm_completions(request):
+    """A completion stream as vLLM's: `model` "never" waits forever (the middleware's keep-alives only, as an
+    engine that froze behind a live API server), "queued" waits WAIT s, then two tokens."""
+    model = (await request.json())["model"]
+
+    async def tokens():
+        await asyncio.sleep(3600 if model == "never" else WAIT)
+        yield _chunk([5])
+        yield _chunk([6], "length")
+        yield b"data: [DONE]\n\n"
+    return StreamingResponse(tokens(), media_type="text/event-stream")
+
+
 async def models(request):
     return JSONResponse({"data": []})
 
 
 @pytest.fixture(scope="module")
 def server():
-    app = Starlette(routes=[Route("/v1/completions", completions, methods=["POST"]), Route("/v1/models", models)])
+    app = Starlette(routes=[Route("/v1/completions", completions, methods=["POST"]), Route("/v1/models", models),
+                            Route("/lm/v1/completions", lm_completions, methods=["POST"])])
     port = free_port()
     srv = uvicorn.Server(uvicorn.Config(QueueKeepalive(app), host="127.0.0.1", port=port, log_level="warning"))
     threading.Thread(target=srv.run, daemon=True).start()
@@ -92,3 +113,21 @@ def test_the_backend_serves_with_it(tmp_path):
 def test_other_routes_pass_unchanged(server):
     r = httpx.get(f"{server}/models", timeout=5)
     assert r.status_code == 200 and r.json() == {"data": []}
+
+
+def test_the_token_clock_counts_tokens_not_keepalives(server):
+    """RemoteLM (the frontend's client): a request queued WAIT s behind keep-alives is served (queued is not
+    stalled, though the keep-alives come more often than the stall timeout allows between tokens); one that
+    gets only keep-alives fails after --llm_queue_timeout with that said, not after the client's patience."""
+    import torch
+
+    from cosy.lm.remote import BackendUnavailable, RemoteLM
+    embeds = torch.zeros(1, 3, 8)
+    url = server.removesuffix("/v1") + "/lm/v1"
+    queued = RemoteLM(url, None, "queued", stall_timeout=READ_TIMEOUT, queue_timeout=3 * WAIT)
+    assert list(queued.complete(embeds, 2, stop=[])) == [5, 6]
+    never = RemoteLM(url, None, "never", stall_timeout=READ_TIMEOUT, queue_timeout=WAIT)
+    start = time.monotonic()
+    with pytest.raises(BackendUnavailable, match="no token in 5 s, only its queue keep-alives"):
+        list(never.complete(embeds, 2, stop=[]))
+    assert WAIT <= time.monotonic() - start < WAIT + 3

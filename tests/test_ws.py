@@ -7,6 +7,7 @@ import base64
 import io
 import json
 import re
+import time
 import uuid
 
 import pytest
@@ -19,6 +20,7 @@ RATE = 24000
 # text tokens while the text streams: 60 before the text ends, enough for the first audio chunk (<= 52)
 PIECES = [" one two", " three four", " five six", " seven eight", " nine ten", " red green", " blue black",
           " cat dog", " sun moon", " up down"]
+LONG_TEXT = "今天天气很好，我们一起去公园散步，看看花草树木，听听鸟儿唱歌。" * 3
 SHORT_PIECES = ["one", " two", " three", " four", " five", " six"]
 
 
@@ -299,3 +301,59 @@ def test_openai_style_session(stack):
         assert abs(done["usage"]["output_tokens"] - samples / RATE * 25) <= 1
         lengths.append(samples)
     assert lengths[0] == lengths[1] > 0  # same seed and text: the same audio in either format
+
+
+def test_complete_sentences_are_spoken_before_finish_task(stack, patient):
+    """Three whole sentences in one continue-task, no finish-task yet: their audio comes (the LM decodes the
+    duplex text per sentence), and finish-task then ends the task."""
+    async def main():
+        async with websockets.connect(ws_url(stack), max_size=None) as ws:
+            await ws.send(run_task("open", stack.ref, mode="fast_replication"))
+            assert json.loads(await ws.recv())["header"]["event"] == "task-started"
+            await ws.send(action("continue-task", "open", "今天天气很好。我们去公园散步吧。你觉得怎么样？"))
+            first = json.loads(await asyncio.wait_for(ws.recv(), 120))
+            await ws.send(action("finish-task", "open"))
+            events = [first]
+            while events[-1]["header"]["event"] == "result-generated":
+                events.append(json.loads(await asyncio.wait_for(ws.recv(), 300)))
+            return events
+
+    events = asyncio.run(main())
+    assert "audio" in events[0]["payload"]["output"], events[0]  # before finish-task was sent
+    assert events[-1]["header"]["event"] == "task-finished", events[-1]
+
+
+def test_a_session_waiting_for_its_own_audio_is_not_idle(stack):
+    """run-task, a sentence and finish-task while a long HTTP synthesis holds the only worker: the session
+    waits for its audio longer than the idle timeout and still gets it."""
+    import threading
+
+    import httpx
+    stack.service.ws_idle_timeout = 1.0
+    body = {"input": {"mode": "fast_replication", "text": LONG_TEXT, "reference_audio_id": stack.ref},
+            "stream": False}
+    busy = threading.Thread(target=lambda: httpx.post(f"{stack.url}/api/v1/audio/speech", json=body, timeout=300))
+    try:
+        busy.start()
+        time.sleep(0.5)  # the long synthesis takes the worker first
+
+        async def main():
+            async with websockets.connect(ws_url(stack), max_size=None) as ws:
+                await ws.send(run_task("wait", stack.ref))
+                assert json.loads(await ws.recv())["header"]["event"] == "task-started"
+                start = time.monotonic()
+                await ws.send(action("continue-task", "wait", "你好，世界。"))
+                await ws.send(action("finish-task", "wait"))
+                kinds = []
+                while not kinds or kinds[-1] == "result-generated":
+                    msg = json.loads(await asyncio.wait_for(ws.recv(), 300))
+                    kinds.append((msg["header"]["event"], msg["header"].get("error_code")))
+                    kinds[-1] = kinds[-1][0] if kinds[-1][1] is None else kinds[-1]
+                return kinds, time.monotonic() - start
+
+        kinds, waited = asyncio.run(main())
+    finally:
+        busy.join(300)
+        stack.service.ws_idle_timeout = 60.0
+    assert kinds[-1] == "task-finished", kinds
+    assert waited > 1.0  # it did wait longer than the idle timeout

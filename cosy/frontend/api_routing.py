@@ -35,7 +35,9 @@ def sse(obj: dict) -> str:
 
 
 def error_body(message: str, status: int, **extra) -> dict:
-    return {"error": {"message": message, "type": error_type(status), "code": status, **extra}}
+    """The JSON error shape of every HTTP answer and SSE error event; the message as a client may see it
+    (`cosy.errors.public_message`: no backend address, no server path)."""
+    return {"error": {"message": public_message(message), "type": error_type(status), "code": status, **extra}}
 
 
 def error_response(message: str, status: int, retry_after: float | None = None,
@@ -54,7 +56,7 @@ def from_cosy_error(e: CosyError) -> JSONResponse:
     URLs or server paths (`cosy.errors.public_message`)."""
     if e.status >= 500:
         log.warning("answering %d: %s", e.status, e)
-    return error_response(public_message(str(e)), e.status, e.retry_after)
+    return error_response(str(e), e.status, e.retry_after)
 
 
 def describe_validation(errors: list[dict]) -> str:

@@ -91,10 +91,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "fused kernels, mainly for GPUs; see README 'Precision')")
     p.add_argument("--no_tf32", dest="tf32", action="store_false",
                    help="strict float32 on CUDA (default: TF32 matmuls and convolutions; see README 'Precision')")
-    from cosy.lm.remote import DEFAULT_STALL_TIMEOUT
+    from cosy.lm.remote import DEFAULT_QUEUE_TIMEOUT, DEFAULT_STALL_TIMEOUT
     p.add_argument("--llm_stall_timeout", type=float, default=DEFAULT_STALL_TIMEOUT,
                    help="seconds an LM backend may go without sending a token before the request moves to "
                         f"another backend (nothing generated yet) or fails (default {DEFAULT_STALL_TIMEOUT:g})")
+    p.add_argument("--llm_queue_timeout", type=float, default=DEFAULT_QUEUE_TIMEOUT,
+                   help="seconds an LM backend may keep a request waiting for its first token while it sends "
+                        "only queue keep-alives (queued is not stalled, but not forever) before the request "
+                        f"moves to another backend or fails (default {DEFAULT_QUEUE_TIMEOUT:g})")
     p.add_argument("--drain_timeout", type=float, default=30.0,
                    help="on SIGTERM: /ready answers 503 at once and requests in flight get this many seconds to "
                         "finish; those still running then end with a ShuttingDown error (event) (default 30; keep "
@@ -142,9 +146,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                 p.error(str(e))
     if args.drain_timeout < 0:
         p.error("--drain_timeout must be >= 0")
-    if args.llm_stall_timeout <= 0 or min(args.uploads_max_age, args.uploads_max_mb, args.results_max_age,
-                                          args.results_max_mb) <= 0:
-        p.error("--llm_stall_timeout, --uploads_max_* and --results_max_* must be > 0")
+    if min(args.llm_stall_timeout, args.llm_queue_timeout, args.uploads_max_age, args.uploads_max_mb,
+           args.results_max_age, args.results_max_mb) <= 0:
+        p.error("--llm_stall_timeout, --llm_queue_timeout, --uploads_max_* and --results_max_* must be > 0")
     return args
 
 
@@ -193,7 +197,8 @@ def build_service(args: argparse.Namespace, env: dict[str, str] | None = None) -
                       tf32=getattr(args, "tf32", True), compile=getattr(args, "compile", False),
                       ttsfrd_dir=str(ttsfrd) if ttsfrd else None,
                       llm_base_url=args.llm_base_url, llm_api_key=args.llm_api_key,
-                      llm_stall_timeout=args.llm_stall_timeout, max_batch=max_batch(args, device),
+                      llm_stall_timeout=args.llm_stall_timeout,
+                      llm_queue_timeout=args.llm_queue_timeout, max_batch=max_batch(args, device),
                       flow_batch=flow_batch(args, device),
                       cache_mb=speech_cache_mb(args, device), fixed_tokens=args.fixed_tokens,
                       llm_variant=getattr(args, "llm_variant", None), env=dict(env or {}))

@@ -103,9 +103,9 @@ class OpenAISession(TaskSession):
                                     "usage": {"input_tokens": task.characters, "output_tokens": out,
                                               "total_tokens": task.characters + out}}))
 
-    async def fail(self, code: str, message: str, task_id: str = "") -> None:
-        await self.send(json.dumps({"type": "error", "session_id": task_id,
-                                    "error": {"code": _CODES.get(code, code), "message": message}}))
+    def error_event(self, code: str, message: str, task_id: str) -> str:
+        return json.dumps({"type": "error", "session_id": task_id,
+                           "error": {"code": _CODES.get(code, code), "message": message}})
 
 
 # the task protocol's codes in OpenAI's snake_case

@@ -28,7 +28,7 @@ from contextlib import suppress
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from cosy.errors import CosyError
+from cosy.errors import CosyError, public_message
 from cosy.frontend.reference_audio import ReferenceAudios
 from cosy.frontend.service import FrontendService
 from cosy.frontend.speech_stream import _in_thread, _pieces
@@ -87,7 +87,12 @@ class TaskSession:
             self.active = time.monotonic()
 
     async def fail(self, code: str, message: str, task_id: str = "") -> None:
-        await self.send(event("task-failed", task_id, error_code=code, error_message=message))
+        """Every error a WebSocket client is sent, in the dialect's shape (`error_event`), its message as a
+        client may see it (`cosy.errors.public_message`: no backend address, no server path)."""
+        await self.send(self.error_event(code, public_message(message), task_id))
+
+    def error_event(self, code: str, message: str, task_id: str) -> str:
+        return event("task-failed", task_id, error_code=code, error_message=message)
 
     async def serve(self) -> None:
         await self.ws.accept()
@@ -95,7 +100,17 @@ class TaskSession:
         try:
             while True:
                 receive = receive or asyncio.ensure_future(self.ws.receive())
-                await asyncio.wait({receive}, timeout=max(0.0, self.active + self.idle_timeout - time.monotonic()))
+                task = self.task
+                if task is not None and task.finished and task.sender is not None:
+                    # the client sent all its text and waits for its audio: not idle, however slow the
+                    # server is (a stalled backend fails the task: --llm_stall_timeout); the idle clock
+                    # starts again when the task ends
+                    await asyncio.wait({receive, task.sender}, return_when=asyncio.FIRST_COMPLETED)
+                    if not receive.done():
+                        self.active = max(self.active, time.monotonic())
+                        continue
+                else:
+                    await asyncio.wait({receive}, timeout=max(0.0, self.active + self.idle_timeout - time.monotonic()))
                 if receive.done():
                     msg, receive = receive.result(), None
                     self.active = time.monotonic()

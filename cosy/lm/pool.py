@@ -45,12 +45,15 @@ class BackendPool:
         self.errors: dict[int, str] = {}
         self._lock = threading.Lock()
 
-    def configure(self, stall_timeout: float | None = None, shared_health=None) -> None:
-        """Set every backend's stall timeout; keep the dead-until table in `shared_health` (one double
-        per backend, in order; see the module doc)."""
-        if stall_timeout is not None:
-            for b in self.backends:
+    def configure(self, stall_timeout: float | None = None, shared_health=None,
+                  queue_timeout: float | None = None) -> None:
+        """Set every backend's stall and queue timeouts (`RemoteLM`); keep the dead-until table in
+        `shared_health` (one double per backend, in order; see the module doc)."""
+        for b in self.backends:
+            if stall_timeout is not None:
                 b.stall_timeout = stall_timeout
+            if queue_timeout is not None:
+                b.queue_timeout = queue_timeout
         if shared_health is not None:
             if len(shared_health) != len(self.backends):
                 raise ValueError("shared_health needs one entry per backend")

@@ -24,10 +24,12 @@ from torch import Tensor
 
 from cosy.errors import Unavailable
 from cosy.lm.sampling import SamplingParams
+from cosy.lm.watchdog import WATCHDOG
 from cosy.model.families.cosyvoice2 import FAMILY as COSYVOICE2
 from cosy.model.family import ModelFamily
 
 DEFAULT_STALL_TIMEOUT = 5.0  # seconds without a token; app.py's --llm_stall_timeout
+DEFAULT_QUEUE_TIMEOUT = 60.0  # seconds to the first token while the backend says queued; --llm_queue_timeout
 
 
 class BackendError(Unavailable, RuntimeError):
@@ -65,16 +67,19 @@ class RemoteLM:
 
     def __init__(self, base_url: str, api_key: str | None, model: str, sampling: SamplingParams | None = None,
                  connect_timeout: float = 5.0, read_timeout: float = 120.0, retries: int = 2,
-                 family: ModelFamily | None = None, stall_timeout: float = DEFAULT_STALL_TIMEOUT):
+                 family: ModelFamily | None = None, stall_timeout: float = DEFAULT_STALL_TIMEOUT,
+                 queue_timeout: float = DEFAULT_QUEUE_TIMEOUT):
         """family: of the frontend's model directory (its token ids); None stands for CosyVoice2.
-        stall_timeout: the longest wait for the answer's start and for each next token of a generation."""
+        stall_timeout: the longest wait for the answer's start (any byte) and for each next token of a
+        generation; queue_timeout: the longest wait for the first token while the backend sends only its
+        queue keep-alives (`cosy.lm.watchdog`)."""
         self.base_url = base_url.rstrip("/")
         self.model = model  # the served model name, <family prefix>-<llm.pt fingerprint>
         self.sampling = sampling or SamplingParams()
         self.family = family or COSYVOICE2
         self.tokens = self.family.tokens
         self.retries = retries
-        self.connect_timeout, self.stall_timeout = connect_timeout, stall_timeout
+        self.connect_timeout, self.stall_timeout, self.queue_timeout = connect_timeout, stall_timeout, queue_timeout
         self.client = openai.OpenAI(base_url=self.base_url, api_key=api_key or "none", max_retries=0,
                                     timeout=httpx.Timeout(read_timeout, connect=connect_timeout))
 
@@ -148,7 +153,11 @@ class RemoteLM:
                 delay *= 2
         raise AssertionError("unreachable")
 
-    def _stalled(self, produced: int) -> str:
+    def _stalled(self, produced: int, queued: bool = False) -> str:
+        if queued:
+            return (f"the LM backend at {self.base_url} gave no token in {self.queue_timeout:g} s, only its queue "
+                    "keep-alives (--llm_queue_timeout): overloaded or its engine is frozen; the request was "
+                    "not completed")
         return (f"the LM backend at {self.base_url} stalled: no token for {self.stall_timeout:g} s after "
                 f"{produced} tokens (--llm_stall_timeout); the request was not completed")
 
@@ -174,6 +183,8 @@ class RemoteLM:
         stream = self._open(prompt_embeds, min_len, max_new, seed, p, stop, history, logps is not None)
         produced, finish = 0, None
         vocab = self.tokens.vocab
+        # bytes are not tokens: the queue keep-alives reset httpx's read timeout, not this clock
+        watch = WATCHDOG.watch(stream.response.close, time.monotonic() + self.queue_timeout)
         try:
             for chunk in stream:
                 if not chunk.choices:
@@ -187,18 +198,26 @@ class RemoteLM:
                         raise BackendError(f"the LM backend at {self.base_url} returned an invalid speech token "
                                            f"{token!r}: is it serving a {self.family.name} model?")
                     produced += 1
+                    watch.pause()  # the caller's time with the token is not the backend's
                     yield token
+                    watch.restart(self.stall_timeout)
             if finish not in ("stop", "length"):  # the server went away (or aborted us) mid-request
                 error = BackendUnavailable if produced == 0 else BackendError
                 raise error(f"the LM backend at {self.base_url} failed after {produced} tokens (the stream "
                             f"ended with finish_reason {finish!r}); the request was not completed")
-        except (openai.APITimeoutError, httpx.TimeoutException):
-            raise (BackendUnavailable if produced == 0 else BackendError)(self._stalled(produced)) from None
-        except (openai.APIError, httpx.HTTPError) as e:
-            if produced == 0:
-                raise BackendUnavailable(f"the LM backend at {self.base_url} failed before the first token ({e})") \
-                    from None
-            raise BackendError(f"the LM backend at {self.base_url} failed after {produced} tokens ({e}); "
-                               "the request was not completed") from None
+        except Exception as e:
+            error = BackendUnavailable if produced == 0 else BackendError
+            if watch.expired:  # closed by the watchdog: whatever the read raised, it was the token clock
+                raise error(self._stalled(produced, queued=produced == 0)) from None
+            if isinstance(e, (openai.APITimeoutError, httpx.TimeoutException)):
+                raise error(self._stalled(produced)) from None
+            if isinstance(e, (openai.APIError, httpx.HTTPError)):
+                if produced == 0:
+                    raise BackendUnavailable(f"the LM backend at {self.base_url} failed before the first token "
+                                             f"({e})") from None
+                raise BackendError(f"the LM backend at {self.base_url} failed after {produced} tokens ({e}); "
+                                   "the request was not completed") from None
+            raise
         finally:
+            watch.done()
             stream.close()

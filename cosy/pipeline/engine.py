@@ -33,12 +33,12 @@ from cosy.model.family import ModelFamily, import_object
 from cosy.model.files import ModelDir
 from cosy.model.precision import resolve_dtype, set_tf32
 from cosy.pipeline.lm_input import lm_input, lm_prompt
-from cosy.pipeline.request import SynthesisError, SynthesisRequest
+from cosy.pipeline.request import LM_DUPLEX_SEGMENT_TOKENS, SynthesisError, SynthesisRequest
 from cosy.pipeline.token2wav import FlowPrompt, Token2Wav, load_token2wav
 from cosy.prompt.encoder import PromptFeatures, VoicePromptEncoder
 from cosy.speech.scheduler import Batch
 from cosy.text.frontend import TextFrontend
-from cosy.text.stream import stream_pieces
+from cosy.text.stream import sentence_parts, stream_pieces
 from cosy.text.tokenizer import TextTokenizer
 
 log = logging.getLogger(__name__)
@@ -142,8 +142,9 @@ class Engine:
     def synthesize_duplex(self, req: SynthesisRequest, pieces: Iterable[str],
                           on_text: Callable[[str], None] | None = None) -> Iterator[Tensor]:
         """Yield (N,) float32 audio chunks while text pieces arrive (`pieces` may block, e.g. a queue):
-        the text is normalized as it streams (`cosy.text.stream`), the LM decodes with the official
-        bistream rules (`cosy.lm.bistream`), and one streaming token2wav (one voice, one chunk schedule)
+        the text is normalized as it streams (`cosy.text.stream`), the LM decodes each segment of it (a
+        sentence, `_segments`) with the official bistream rules (`cosy.lm.bistream`), seeded seed + i as
+        the other surfaces' sentences are, and one streaming token2wav (one voice, one chunk schedule)
         makes the audio of the whole utterance. `req.text` is ignored (`req.duplex` must be set).
         `on_text` is called with each normalized piece as the LM takes it (the sentence events' source)."""
         req.check()
@@ -155,25 +156,46 @@ class Engine:
         flow_prompt = FlowPrompt(features.speech_tokens, features.mel, features.embedding, key)
         prompt_text_ids, prompt_speech = lm_prompt(self.text, self.family, req.mode, req.prompt_text,
                                                    req.instruct_text, features.speech_tokens.flatten().tolist())
-        steps = self._bistream_steps(req, seed)
-        text_ids = self._streamed_ids(pieces, on_text)
-        tokens = bistream_decode(text_ids, prompt_text_ids, prompt_speech, steps, self.family)
+        tokens = (token for i, segment in enumerate(self._segments(pieces, on_text))
+                  for token in bistream_decode(segment, prompt_text_ids, prompt_speech,
+                                               self._bistream_steps(req, seed + i), self.family))
         yield from self._token2wav(tokens, flow_prompt, dataclasses.replace(req, stream=True), seed)
 
+    def _segments(self, pieces: Iterable[str],
+                  on_text: Callable[[str], None] | None = None) -> Iterator[Iterator[list[int]]]:
+        """The streamed text as LM segments, each decoded with the official bistream rules on its own (as
+        the other surfaces' text is split into sentences): a segment ends after a sentence's end marks
+        (`cosy.text.stream.sentence_parts`), at LM_DUPLEX_SEGMENT_TOKENS ids, or at the text's end. So a
+        complete sentence is spoken at once, without waiting for more text (within a segment the speech
+        follows the text by the mix ratio), and the LM's context holds one segment however long the text.
+        A segment yields its ids one at a time, as the official frontend feeds bistream
+        (`_extract_text_token_generator`); the next segment is read only when the last is decoded.
+        SynthesisError at the end if nothing speakable came."""
+        ids = self._streamed_ids(pieces, on_text)
+        for first in ids:
+            def segment(first=first) -> Iterator[list[int]]:
+                token, closes, n = first[0], first[1], 1
+                yield [token]
+                while not closes and n < LM_DUPLEX_SEGMENT_TOKENS:
+                    token, closes = next(ids, (None, True))
+                    if token is None:
+                        return
+                    n += 1
+                    yield [token]
+            yield segment()
+
     def _streamed_ids(self, pieces: Iterable[str],
-                      on_text: Callable[[str], None] | None = None) -> Iterator[list[int]]:
-        """The text ids of the normalized pieces, one id at a time, as the official frontend feeds bistream
-        (`_extract_text_token_generator`): the decoder takes one mix block per piece after each fill, so a
-        piece of whole sentences fed as one would wait for the next piece or the text's end before its
-        speech goes past the first block. SynthesisError at the end if nothing speakable came."""
+                      on_text: Callable[[str], None] | None = None) -> Iterator[tuple[int, bool]]:
+        """(text id, whether it ends a sentence) of the normalized pieces, in order; SynthesisError at the
+        end if nothing speakable came."""
         n = 0
         for text in stream_pieces(self.text, pieces):
-            ids = self.text.encode(text)
-            n += len(ids)
             if on_text is not None:
                 on_text(text)
-            for i in ids:
-                yield [i]
+            for part, closes in sentence_parts(text):
+                ids = self.text.encode(part)
+                n += len(ids)
+                yield from ((i, closes and k == len(ids) - 1) for k, i in enumerate(ids))
         if n == 0:
             raise SynthesisError("the text is empty: nothing to speak arrived before its end")
 

@@ -41,6 +41,9 @@ LIMIT_RANGE = (1, 1000)  # list sizes
 LM_FIXED_TOKENS = 2  # sos + task id
 LM_SENTENCE_TOKENS = 20  # the shortest sentence the budget keeps room for (and its speech)
 LM_SPEECH_PER_TEXT_TOKEN = 20
+# a duplex text is decoded in LM segments of at most this many text ids (a sentence, or a cut of a longer one,
+# `Engine.synthesize_duplex`): the context holds one segment, however long the streamed text grows
+LM_DUPLEX_SEGMENT_TOKENS = 40
 EMBEDDED_LM_MAX_LEN = 8192  # the embedded LM's documented limit (the backend's is its --max_model_len)
 # characters that carry nothing to speak: controls (NUL ...), format (zero-width U+200B-U+200D, U+FEFF,
 # bidi marks ...), separators and the unassigned / private / surrogate ranges
@@ -175,10 +178,11 @@ def clean_filename(name: object, default: str = "upload") -> str:
 def lm_tokens_needed(req: "SynthesisRequest", prompt_speech_tokens: int = 0) -> int:
     """A lower bound of what one LM call of `req` holds: the fixed tokens, the prompt text (the transcript
     in zero_shot/voice, the instruction in instruct) and the prompt's speech tokens, and one short sentence
-    of the text with its longest speech."""
+    of the text (of a duplex request: one segment) with its longest speech."""
     prompt = (req.instruct_text if req.mode == "instruct"
               else req.prompt_text if req.mode in ("zero_shot", "voice") else "")
-    sentence = min(len(speakable(req.text or "")), LM_SENTENCE_TOKENS)
+    sentence = (LM_DUPLEX_SEGMENT_TOKENS if req.duplex
+                else min(len(speakable(req.text or "")), LM_SENTENCE_TOKENS))
     return LM_FIXED_TOKENS + len(prompt or "") + prompt_speech_tokens + sentence * (1 + LM_SPEECH_PER_TEXT_TOKEN)
 
 

@@ -36,6 +36,7 @@ class EngineSpec:
     llm_api_key: str | None = None
     threads: int | None = None
     llm_stall_timeout: float | None = None  # seconds without an LM token before the backend counts as stalled
+    llm_queue_timeout: float | None = None  # seconds to the first token while the backend sends keep-alives only
     max_batch: int = 1  # live requests per worker process (1: the old one-request-at-a-time loop)
     flow_batch: int = 1  # requests whose flows may run as one padded batch (1: each alone)
     cache_mb: int = 0  # streaming flow state budget (cosy.speech.cache); 0 recomputes every prefix
@@ -215,7 +216,8 @@ def _serve(spec: EngineSpec, conn, cancel, health, prepare) -> None:
         conn.send(("failed", f"{type(e).__name__}: {e}"))
         return
     if isinstance(engine.lm, BackendPool):
-        engine.lm.configure(stall_timeout=spec.llm_stall_timeout, shared_health=health)
+        engine.lm.configure(stall_timeout=spec.llm_stall_timeout, queue_timeout=spec.llm_queue_timeout,
+                           shared_health=health)
     if spec.fixed_tokens:
         from cosy.lm.fixed_length import FixedLengthLM
         engine.lm = FixedLengthLM(engine.lm, spec.fixed_tokens)

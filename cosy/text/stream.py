@@ -47,6 +47,28 @@ def _normalized(frontend: TextFrontend, text: str) -> str:
     return out
 
 
+# where a duplex text closes an LM segment: the strong sentence ends (not the official split's 、：, which cut
+# lists and clauses into fragments too short for natural speech)
+SEGMENT_ENDS = frozenset("。？！；.?!;")
+
+
+def sentence_parts(text: str) -> list[tuple[str, bool]]:
+    """`text` cut after each run of sentence end marks (SEGMENT_ENDS) and the closing quotes right after it:
+    (part, whether it ends a sentence), in order; "" gives []."""
+    parts, start, i = [], 0, 0
+    while i < len(text):
+        if text[i] in SEGMENT_ENDS:
+            while i < len(text) and (text[i] in SEGMENT_ENDS or text[i] in CLOSING_QUOTES):
+                i += 1
+            parts.append((text[start:i], True))
+            start = i
+        else:
+            i += 1
+    if start < len(text):
+        parts.append((text[start:], False))
+    return parts
+
+
 class Mark(NamedTuple):
     kind: str  # "begin" | "end"
     index: int  # the sentence's, from 0
@@ -95,4 +117,4 @@ class Sentences:
         return [Mark("end", self.index, sentence, self.characters)]
 
 
-__all__ = ["Mark", "Sentences", "split_tail", "stream_pieces"]
+__all__ = ["SEGMENT_ENDS", "Mark", "Sentences", "sentence_parts", "split_tail", "stream_pieces"]
