@@ -10,7 +10,11 @@ error that crossed the worker-process hop comes back as `JobError` with the same
 """
 from __future__ import annotations
 
+import errno
+import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 # what an answer must never show: a backend's URL (or host:port), a server path
 _URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>)\],;]+")
@@ -73,6 +77,12 @@ class Unavailable(CosyError):
     status = 503
 
 
+class InsufficientStorage(CosyError):
+    """The data dir's filesystem is full (507): nothing was stored; free space there, or raise its quota."""
+
+    status = 507
+
+
 class Cancelled(CosyError):
     """The caller went away (or cancelled): the job was dropped; 499 as nginx says "client closed request"."""
 
@@ -92,6 +102,22 @@ class JobError(CosyError):
         if isinstance(e, CosyError):
             return type(e).__name__, str(e), e.status, e.retry_after
         return type(e).__name__, f"{type(e).__name__}: {e}", 500, None
+
+
+@contextmanager
+def storing(what: str) -> Iterator[None]:
+    """Map the filesystem's refusals while storing `what` (e.g. "the upload") to errors that say so: a full
+    disk or quota 507, a read-only or unwritable data dir 503; other OSErrors pass (500: ours)."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise InsufficientStorage(f"no space left on the data dir's filesystem: {what} was not stored "
+                                      "(free space there, or raise its quota)") from None
+        if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            raise Unavailable(f"the data dir is not writable ({os.strerror(e.errno)}): {what} was not stored",
+                              retry_after=30.0) from None
+        raise
 
 
 def public_message(message: str) -> str:
@@ -115,4 +141,6 @@ def error_type(status: int) -> str:
         return "cancelled"
     if status in (502, 503, 504):
         return "unavailable"
+    if status == 507:
+        return "insufficient_storage"
     return "server_error" if status >= 500 else "invalid_request_error"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 
 import httpx
 import numpy as np
@@ -28,7 +29,8 @@ def app(tiny_model_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("hostile")
     key_file = tmp / "key"
     key_file.write_text(KEY + "\n")  # the trailing newline is stripped
-    a = App("--model_dir", str(tiny_model_dir), "--data_dir", str(tmp / "data"), "--api_key_file", str(key_file))
+    a = App("--model_dir", str(tiny_model_dir), "--data_dir", str(tmp / "data"), "--api_key_file", str(key_file),
+            "--header_timeout", "3")
     a.wait()
     a.data = tmp / "data"
     c = Client(a.url, verbose=False, headers=AUTH)
@@ -119,6 +121,20 @@ def test_the_webui_shows_its_login_and_the_key_logs_in(app):
     page = get(app, "/", cookies=r.cookies)
     assert page.status_code == 200 and "gradio" in page.text.lower() and 'id="login"' not in page.text
     assert get(app, "/gradio_api/info", cookies=r.cookies).status_code == 200
+
+
+def test_wrong_keys_from_one_address_are_limited_and_other_addresses_are_not(app):
+    """Key guessing: past 30 wrong keys a minute from one address (here 127.0.0.3, the loopback's other
+    name), that address gets 429 with Retry-After, the right key included; 127.0.0.1 logs in at once."""
+    url = app.url.rstrip("/")
+    with httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.3"), timeout=30) as guesser:
+        statuses = [guesser.post(f"{url}/login", data={"password": f"guess{i}"}).status_code for i in range(34)]
+        assert statuses[:30] == [401] * 30 and set(statuses[30:]) == {429}, statuses
+        for r in (guesser.post(f"{url}/login", data={"password": KEY}),
+                  guesser.get(f"{url}/api/v1/audio/reference_audio", headers={"Authorization": "Bearer other"})):
+            error(r, 429, "too many wrong API keys")
+            assert 1 <= int(r.headers["retry-after"]) <= 60
+    assert post(app, "/login", data={"password": KEY}).status_code == 200
 
 
 def test_gradio_client_without_the_key_is_refused(app):
@@ -333,3 +349,27 @@ def test_key_files_are_read_and_bad_ones_stop_the_start(tmp_path, capsys):
             assert e.value.code == 2
             err = capsys.readouterr().err
             assert flags[0] in err and words in err, err
+
+
+def test_connections_that_never_finish_their_request_head_are_closed(app):
+    """50 connections that send half a request line (slowloris) are closed after --header_timeout (3 s here);
+    a request whose body comes slowly after its headers is not cut, and the server serves throughout."""
+    import socket
+    host, port = "127.0.0.1", int(app.url.rstrip("/").rsplit(":", 1)[1])
+    socks = []
+    for _ in range(50):
+        s = socket.create_connection((host, port), timeout=30)
+        s.sendall(b"GET /health HT")
+        socks.append(s)
+    start = time.monotonic()
+    assert get(app, "/health").status_code == 200  # serving beside them
+    slow = socket.create_connection((host, port), timeout=30)
+    slow.sendall(b"POST /login HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-www-form-urlencoded\r\n"
+                 b"Content-Length: 12\r\n\r\n")
+    closed = [s.recv(1) for s in socks]  # b"": closed by the server
+    waited = time.monotonic() - start
+    assert closed == [b""] * 50 and waited < 10, (closed[:3], waited)
+    slow.sendall(b"password=no!")  # the body, after the head deadline passed
+    assert slow.recv(64).startswith(b"HTTP/1.1 401")
+    for s in (*socks, slow):
+        s.close()

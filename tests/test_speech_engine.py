@@ -219,3 +219,31 @@ def test_flow_batch_flag_defaults_per_device_and_a_batching_pool_equals_solo(tin
             assert got[i].shape == solo[i].shape and np.abs(got[i] - solo[i]).max() < 1e-4, i
     finally:
         pool.close()
+
+
+@pytest.mark.quick
+def test_the_record_of_batched_steps_stays_bounded():
+    """A process runs millions of batched steps: the scheduler keeps only the last RECENT_BATCHES of them."""
+    from cosy.speech.request import LiveRequest
+    from cosy.speech.scheduler import RECENT_BATCHES, Batch
+
+    s = SpeechScheduler(max_rows=2)
+    steps = 3 * RECENT_BATCHES
+
+    def same(args: list) -> list:  # one function: items batch together only with the same one
+        time.sleep(0.0005)
+        return list(args)
+
+    def client(i: int) -> None:
+        s.bind(LiveRequest(i, "synthesize", {}))
+        for _ in range(steps):
+            assert s.run(False, lambda: 1, batch=Batch(same, 1, 1)) == 1
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert sum(n for _, n in s.batches) <= 2 * RECENT_BATCHES and len(s.batches) <= RECENT_BATCHES
+    assert s.ran == 2 * steps and len(s.batches) > 0, (s.ran, len(s.batches))
+    s.close()

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path, PurePosixPath
 
 from cosy.deploy.voices import VOICE_ID, VoiceStore
-from cosy.errors import BadRequest, PayloadTooLarge, UnsupportedMedia
+from cosy.errors import BadRequest, PayloadTooLarge, UnsupportedMedia, storing
 from cosy.model.files import ModelDir, ModelDirError
 
 UPLOAD_EXTENSIONS = frozenset({"wav", "mp3", "flac", "ogg", "opus", "aac", "m4a", "pcm", "webm"})
@@ -102,7 +102,8 @@ class DataDir:
             raise BadRequest("upload data must be bytes")
         path = self.upload_path(data, filename)
         if not path.is_file():  # content-addressed: an existing file already holds exactly these bytes
-            write_atomic(path, bytes(data))
+            with storing("the upload"):
+                write_atomic(path, bytes(data))
             if self.upload_bounds is not None:
                 from cosy.frontend.store import prune
                 prune(self.uploads, self.upload_bounds, keep=path)

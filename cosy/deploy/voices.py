@@ -20,9 +20,9 @@ from pathlib import Path
 
 from filelock import FileLock
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
+from safetensors.torch import save
 
-from cosy.errors import BadRequest, Conflict, NotFound
+from cosy.errors import BadRequest, Conflict, NotFound, storing
 from cosy.prompt.encoder import PromptFeatures
 
 VOICE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -75,13 +75,19 @@ class VoiceStore:
         Raises VoiceError if it exists and `overwrite` is False."""
         final = self._dir(voice_id)
         voice = Voice(voice_id, prompt_text, features, time.time(), family)
+        with storing(f"voice '{voice_id}'"):
+            return self._save(final, voice, overwrite)
+
+    def _save(self, final: Path, voice: Voice, overwrite: bool) -> Voice:
+        voice_id, prompt_text, features, family = voice.voice_id, voice.prompt_text, voice.features, voice.family
         tmp = Path(tempfile.mkdtemp(prefix=f".{voice_id}.", dir=self.root))
         try:
             meta = {"voice_id": voice_id, "prompt_text": prompt_text, "created_at": voice.created_at,
                     "family": family}
-            save_file({"speech_tokens": features.speech_tokens.contiguous(), "mel": features.mel.contiguous(),
-                       "embedding": features.embedding.contiguous()}, str(tmp / "features.safetensors"),
-                      metadata={k: str(v) for k, v in meta.items()})
+            # serialized here, written by Python's I/O: a full disk is an OSError (ENOSPC), not a Rust error
+            (tmp / "features.safetensors").write_bytes(save(
+                {"speech_tokens": features.speech_tokens.contiguous(), "mel": features.mel.contiguous(),
+                 "embedding": features.embedding.contiguous()}, metadata={k: str(v) for k, v in meta.items()}))
             (tmp / "voice.json").write_text(json.dumps(meta, ensure_ascii=False), encoding="utf-8")
             for f in tmp.iterdir():  # on disk before the rename publishes them; readable by other users
                 with open(f, "rb+") as fh:

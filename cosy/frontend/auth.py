@@ -19,6 +19,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import math
+import time
+from collections import deque
 from urllib.parse import parse_qs
 
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -72,6 +75,44 @@ def _cookies(header: str) -> dict[str, str]:
     return out
 
 
+class FailedAttempts:
+    """Wrong keys per client address in a sliding window: past `limit` in `window` s, that address gets 429
+    (Retry-After: until its oldest failure leaves the window), the right key included (else guessing goes on);
+    other addresses are not affected. At most `max_clients` addresses are remembered (the oldest go)."""
+
+    def __init__(self, limit: int = 30, window: float = 60.0, max_clients: int = 10_000):
+        self.limit, self.window, self.max_clients = limit, window, max_clients
+        self._failures: dict[str, deque[float]] = {}
+
+    def _recent(self, client: str, now: float) -> deque[float]:
+        times = self._failures.get(client, deque())
+        while times and times[0] <= now - self.window:
+            times.popleft()
+        return times
+
+    def retry_after(self, client: str) -> float | None:
+        """Seconds until `client` may try again; None if it may now."""
+        now = time.monotonic()
+        times = self._recent(client, now)
+        if not times:
+            self._failures.pop(client, None)
+        return times[0] + self.window - now if len(times) >= self.limit else None
+
+    def failed(self, client: str) -> None:
+        now = time.monotonic()
+        times = self._recent(client, now)
+        times.append(now)
+        self._failures.pop(client, None)
+        self._failures[client] = times  # most recent last
+        while len(self._failures) > self.max_clients:
+            self._failures.pop(next(iter(self._failures)))
+
+
+def _client(scope: Scope) -> str:
+    client = scope.get("client")
+    return client[0] if client else "?"
+
+
 class KeyGate:
     """ASGI middleware: every request except OPEN_PATHS and the login must carry the key (see module doc)."""
 
@@ -81,6 +122,7 @@ class KeyGate:
         self.app = app
         self._key = api_key.encode()
         self._token = session_token(api_key).encode()
+        self.failures = FailedAttempts()
 
     def authorized(self, headers: dict[bytes, bytes]) -> bool:
         for name in (b"authorization", b"x-hf-authorization"):
@@ -100,17 +142,31 @@ class KeyGate:
         headers: dict[bytes, bytes] = {}
         for k, v in scope.get("headers", ()):
             headers.setdefault(k.lower(), v)
-        if scope["type"] == "http" and path in LOGIN_PATHS and scope["method"] == "POST":
+        presented = any(_bearer(headers.get(n, b"").decode("latin-1"))
+                        for n in (b"authorization", b"x-hf-authorization"))
+        login = scope["type"] == "http" and path in LOGIN_PATHS and scope["method"] == "POST"
+        if login or presented:  # a key guess: refused while this address has failed too often
+            wait = self.failures.retry_after(_client(scope))
+            if wait is not None:
+                if scope["type"] == "websocket":
+                    await send({"type": "websocket.close", "code": 1008, "reason": "too many wrong API keys"})
+                    return
+                response = error_response(f"too many wrong API keys from this address: try again in "
+                                          f"{math.ceil(wait)} s", 429, retry_after=wait)
+                return await response(scope, receive, send)
+        if login:
             return await self._login(scope, receive, send)
         if self.authorized(headers):
             return await self.app(scope, receive, send)
+        if presented:
+            self.failures.failed(_client(scope))
         if scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": 1008, "reason": "this frontend needs its API key"})
             return
         if scope["method"] in ("GET", "HEAD") and path in PAGE_PATHS:
             from starlette.responses import HTMLResponse
             response = HTMLResponse(LOGIN_PAGE, status_code=401, headers={"WWW-Authenticate": "Bearer"})
-        elif any(_bearer(headers.get(n, b"").decode("latin-1")) for n in (b"authorization", b"x-hf-authorization")):
+        elif presented:
             response = error_response("wrong API key: send the key the frontend was started with (--api_key)", 401)
         else:
             response = error_response(
@@ -143,6 +199,7 @@ class KeyGate:
             response = JSONResponse({"success": True})
             response.set_cookie(COOKIE, self._token.decode(), httponly=True, samesite="lax", path="/")
         else:
+            self.failures.failed(_client(scope))
             response = error_response("wrong API key: log in with the key the frontend was started with (--api_key)",
                                       401)
         await response(scope, receive, send)

@@ -25,7 +25,7 @@ import numpy as np
 from cosy.audio.io import MAX_PROMPT_SECONDS, check_samples
 from cosy.deploy.data_dir import upload_extension, write_atomic
 from cosy.deploy.voices import UnknownVoice, VoiceError, check_voice_id
-from cosy.errors import BadRequest, CosyError, NotFound
+from cosy.errors import BadRequest, CosyError, NotFound, storing
 from cosy.frontend.encoding import wav_bytes
 from cosy.frontend.service import FrontendService
 from cosy.pipeline.request import clean_filename
@@ -141,7 +141,8 @@ class ReferenceAudios:
             name = filename
             try:
                 meta = {"filename": name, "bytes": len(data)}
-                write_atomic(self._dir(ref_id) / META_FILE, json.dumps(meta, ensure_ascii=False).encode("utf-8"))
+                with storing("the reference audio"):
+                    write_atomic(self._dir(ref_id) / META_FILE, json.dumps(meta, ensure_ascii=False).encode("utf-8"))
             except BaseException:
                 self.service.delete_voice(ref_id)  # no half reference audio
                 raise

@@ -25,6 +25,7 @@ os.environ.setdefault("GRADIO_TEMP_DIR", str(store.GRADIO_TEMP))
 import uvicorn  # noqa: E402
 from fastapi import FastAPI  # noqa: E402
 
+from cosy.frontend.http_protocol import HeaderTimeoutProtocol  # noqa: E402
 from cosy.frontend.service import FrontendService  # noqa: E402
 from cosy.model.precision import DTYPES, resolve_dtype  # noqa: E402
 from cosy.service.placement import MpsDaemon, worker_devices  # noqa: E402
@@ -99,6 +100,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="seconds an LM backend may keep a request waiting for its first token while it sends "
                         "only queue keep-alives (queued is not stalled, but not forever) before the request "
                         f"moves to another backend or fails (default {DEFAULT_QUEUE_TIMEOUT:g})")
+    from cosy.frontend.http_protocol import HEADER_TIMEOUT
+    p.add_argument("--header_timeout", type=float, default=HEADER_TIMEOUT,
+                   help="seconds a connection has to send a request line and its headers; slower ones are "
+                        f"closed (slowloris; default {HEADER_TIMEOUT:g}, HAProxy's `timeout http-request`)")
     p.add_argument("--drain_timeout", type=float, default=30.0,
                    help="on SIGTERM: /ready answers 503 at once and requests in flight get this many seconds to "
                         "finish; those still running then end with a ShuttingDown error (event) (default 30; keep "
@@ -146,9 +151,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                 p.error(str(e))
     if args.drain_timeout < 0:
         p.error("--drain_timeout must be >= 0")
-    if min(args.llm_stall_timeout, args.llm_queue_timeout, args.uploads_max_age, args.uploads_max_mb,
-           args.results_max_age, args.results_max_mb) <= 0:
-        p.error("--llm_stall_timeout, --llm_queue_timeout, --uploads_max_* and --results_max_* must be > 0")
+    if min(args.llm_stall_timeout, args.llm_queue_timeout, args.header_timeout, args.uploads_max_age,
+           args.uploads_max_mb, args.results_max_age, args.results_max_mb) <= 0:
+        p.error("--llm_stall_timeout, --llm_queue_timeout, --header_timeout, --uploads_max_* and --results_max_* "
+                "must be > 0")
     return args
 
 
@@ -369,7 +375,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         # clean-up below runs instead of the default action killing the process
         signal.signal(signal.SIGTERM, lambda *_: None)
         server = _Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
-                                        timeout_graceful_shutdown=5))
+                                        timeout_graceful_shutdown=5,
+                                        http=HeaderTimeoutProtocol.with_timeout(args.header_timeout)))
 
         def drain() -> None:
             say(f"stopping: draining requests in flight (up to {args.drain_timeout:g} s)")

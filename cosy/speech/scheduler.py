@@ -24,6 +24,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,13 +59,17 @@ class WorkItem:
         return (not urgent, self.request.arrival, self.seq)
 
 
+RECENT_BATCHES = 1000
+
+
 class SpeechScheduler:
     def __init__(self, starve_after: float = 2.0, max_frames: int = 4096, max_rows: int = 1):
         # max_rows: `--flow_batch` (1 = no batching, the CPU default: there a batch row costs as much as a
         # solo run, see bench/flow_batch.py). Batched flows equal solo to ~1e-6 on the mel.
         self.starve_after = starve_after
         self.max_frames, self.max_rows = max_frames, max_rows
-        self.batches: list[tuple[str, int]] = []  # (batch function, rows) of each batched step run
+        # (batch function, rows) of the last RECENT_BATCHES batched steps: bounded, a process runs millions
+        self.batches: deque[tuple[str, int]] = deque(maxlen=RECENT_BATCHES)
         self._items: list[WorkItem] = []
         self._cond = threading.Condition()
         self._seq = itertools.count()
