@@ -118,6 +118,7 @@ def pytest_xdist_make_scheduler(config, log):
         def _split_scope(self, nodeid: str) -> str:
             return _scope(Path(nodeid.split("::", 1)[0]).stem)
 
+    config.option.loadscopereorder = False  # our order (pytest_collection_modifyitems), not by test count
     return ByModule(config, log)
 
 

@@ -44,7 +44,10 @@ SHORT_TEXT = "你好，世界。"
 def apps(backend, tiny_model_dir, tmp_path_factory):
     data = tmp_path_factory.mktemp("nas")
     common = ["--model_dir", str(tiny_model_dir), "--data_dir", str(data), "--workers", "2",
-              "--llm_base_url", backend.url, "--llm_api_key", backend.api_key]
+              "--llm_base_url", backend.url, "--llm_api_key", backend.api_key,
+              # the one-machine advice (README): a backend beside busy frontends (and, in the parallel run,
+              # another test worker) may starve for longer than the 5 s default between tokens
+              "--llm_stall_timeout", "60"]
     started = start_apps(common, common)
     yield started
     for a in started:

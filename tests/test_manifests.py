@@ -20,6 +20,8 @@ import yaml
 
 from cosy.deploy import haproxy, healthcheck
 
+pytestmark = pytest.mark.quick  # the inner-loop tier (`pytest -m quick`; README "Tests")
+
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "deploy" / "k8s"
 COMPOSE = ROOT / "compose.yaml"
@@ -45,8 +47,6 @@ argparse.ArgumentParser.parse_args = grab
 out = {}
 from cosy.deploy import backend
 from cosy.frontend import server
-
-pytestmark = pytest.mark.quick  # the inner-loop tier (`pytest -m quick`; README "Tests")
 for role, call in (("backend", lambda: backend.parse_args([])), ("frontend", lambda: server.parse_args([]))):
     try:
         call()

@@ -17,6 +17,8 @@ from cosy.frontend.server import parse_args
 from cosy.service.placement import MpsDaemon, device_of_worker, worker_devices
 from cosy.service.workers import EngineSpec, WorkerPool
 
+pytestmark = pytest.mark.quick  # the inner-loop tier (`pytest -m quick`; README "Tests")
+
 
 def test_cuda_means_every_visible_gpu_and_workers_take_them_in_turn():
     assert worker_devices("cuda", 3) == ["cuda:0", "cuda:1", "cuda:2"]
@@ -53,8 +55,6 @@ def _tool(bin_dir, name: str, log, body: str = "") -> None:
     path = bin_dir / name
     path.write_text(f"""#!{sys.executable}
 import json, os, sys
-
-pytestmark = pytest.mark.quick  # the inner-loop tier (`pytest -m quick`; README "Tests")
 stdin = "" if sys.stdin.isatty() else sys.stdin.read()
 with open({str(log)!r}, "a") as f:
     f.write(json.dumps({{"argv": sys.argv, "stdin": stdin,
