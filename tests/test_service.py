@@ -81,3 +81,45 @@ def test_prompt_features_and_saved_voice(pool):
     b = b"".join(c.tobytes() for c in pool.synthesize(SynthesisRequest(mode="voice", text="你好。",
                                                                        prompt_text=ZS_TEXT, voice=f, seed=1)))
     assert a == b
+
+
+def test_a_worker_killed_mid_batch_fails_only_its_requests_and_is_replaced(tiny_model_dir):
+    """SIGKILL of one worker process while it holds a batch of two streams: those two end with a clear
+    WorkerCrashed (503, retry), the other worker's two finish, and the pool serves again with a new worker."""
+    import os
+    import signal
+
+    p = WorkerPool(EngineSpec(str(tiny_model_dir), max_batch=2), workers=2, max_queue=4).start()
+    try:
+        started, results = threading.Barrier(5), {}
+
+        def run(i: int) -> None:
+            chunks = p.synthesize(request(seed=3, text=LONG * 3))  # long enough to be mid-stream at the kill
+            try:
+                n = len(next(chunks))
+                started.wait(120)
+                results[i] = ("ok", n + sum(len(c) for c in chunks))
+            except JobError as e:
+                results[i] = ("error", e.kind, e.status, str(e))
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        started.wait(120)  # every stream has its first chunk: two per worker
+        victim = p._procs[-2]
+        os.kill(victim.pid, signal.SIGKILL)
+        for t in threads:
+            t.join(300)
+        failed = [r for r in results.values() if r[0] == "error"]
+        done = [r for r in results.values() if r[0] == "ok"]
+        assert len(failed) == 2 and len(done) == 2, results
+        assert all(r[1:3] == ("WorkerCrashed", 503) and "retry" in r[3] for r in failed), failed
+        assert done[0][1] == done[1][1] > 0  # the survivors' audio is whole (same seed, same length)
+        assert sum(len(c) for c in p.synthesize(request(text="你好。"))) > 0  # serving again
+        deadline = time.monotonic() + 120
+        while not p.alive():
+            assert time.monotonic() < deadline, "the killed worker was not replaced"
+            time.sleep(0.5)
+        assert victim.pid not in [q.pid for q in p._procs[-2:]]
+    finally:
+        p.close()
