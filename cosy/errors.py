@@ -120,9 +120,13 @@ def storing(what: str) -> Iterator[None]:
         raise
 
 
-def public_message(message: str) -> str:
+def public_message(message: str, echoed: tuple[str, ...] = ()) -> str:
     """`message` as a client may see it: without URLs and host:port (a backend's address: the log has it)
-    and without server paths (an uploaded file's place in the data dir)."""
+    and without server paths (an uploaded file's place in the data dir). `echoed`: the client's own words
+    in it (the path it asked for), kept as they are."""
+    for text in echoed:
+        if text and text in message:
+            return text.join(public_message(part) for part in message.split(text))
     message = _URL.sub("<backend>", message)
     message = _HOST_PORT.sub("<backend>", message)
     message = _PROMPT_FILE.sub("the prompt audio", message)

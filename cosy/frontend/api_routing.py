@@ -34,21 +34,22 @@ def sse(obj: dict) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
-def error_body(message: str, status: int, **extra) -> dict:
+def error_body(message: str, status: int, echoed: tuple[str, ...] = (), **extra) -> dict:
     """The JSON error shape of every HTTP answer and SSE error event; the message as a client may see it
-    (`cosy.errors.public_message`: no backend address, no server path)."""
-    return {"error": {"message": public_message(message), "type": error_type(status), "code": status, **extra}}
+    (`cosy.errors.public_message`: no backend address, no server path; `echoed`: the client's own words)."""
+    return {"error": {"message": public_message(message, echoed), "type": error_type(status), "code": status,
+                      **extra}}
 
 
 def error_response(message: str, status: int, retry_after: float | None = None,
-                   headers: dict[str, str] | None = None, **extra) -> JSONResponse:
+                   headers: dict[str, str] | None = None, echoed: tuple[str, ...] = (), **extra) -> JSONResponse:
     """A JSON error answer; 429/503 get Retry-After (whole seconds, at least 1)."""
     headers = dict(headers or {})
     if status in (429, 503):
         headers["Retry-After"] = str(max(1, math.ceil(retry_after if retry_after else DEFAULT_RETRY_AFTER)))
     if status == 401:
         headers["WWW-Authenticate"] = "Bearer"
-    return JSONResponse(error_body(message, status, **extra), status_code=status, headers=headers)
+    return JSONResponse(error_body(message, status, echoed, **extra), status_code=status, headers=headers)
 
 
 def from_cosy_error(e: CosyError) -> JSONResponse:

@@ -157,11 +157,11 @@ class ApiGate:
             allowed = sorted({m for r in self.api_routes if r.path.rstrip("/") == partial.path.rstrip("/")
                               for m in (getattr(r, "methods", None) or ()) if m != "HEAD"})
             response = error_response(f"{method} is not allowed on {path}: use {', '.join(allowed)}", 405,
-                                      headers={"Allow": ", ".join(allowed)})
+                                      headers={"Allow": ", ".join(allowed)}, echoed=(path,))
         else:
             response = error_response(
                 f"no route {method} {path} on this cosy frontend; its HTTP API routes are listed in 'routes' "
-                "(the WebUI is at /)", 404, routes=self.listing)
+                "(the WebUI is at /)", 404, routes=self.listing, echoed=(path,))
         self.metrics.answered("unmatched", method, response.status_code)
         await response(scope, receive, send)
 
