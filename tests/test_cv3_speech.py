@@ -21,7 +21,7 @@ from cosy.model.config import read_model_config
 from cosy.model.families.cosyvoice3 import FAMILY as CV3
 from cosy.model.files import ModelDir, load_strict
 from cosy.model.load import load_flow, load_hift
-from cosy.pipeline.stream_vocoder import RevocodeVocoder
+from cosy.pipeline.stream_vocoder import CausalStreamVocoder
 from cosy.pipeline.token2wav import FlowPrompt, load_token2wav
 from cosy.verify.golden_check import run
 from cosy.verify.random_model.cosyvoice3_speech import write_flow_hift, yaml_text
@@ -93,7 +93,7 @@ def test_streaming_with_speed_revocodes_the_stretched_mel(model_dir, tensors):
     """Streaming at speed 1.25: the chunks join into the causal vocoder's output on the stretched
     streaming mel (the official chunk schedule, mel stretched as non-streaming speed does)."""
     t2w = load_token2wav(model_dir)
-    assert t2w.stream_vocoder is RevocodeVocoder
+    assert t2w.stream_vocoder is CausalStreamVocoder
     tokens = tensors["flow.token"]
     prompt = FlowPrompt(tensors["flow.prompt_token"], tensors["flow.prompt_feat"], tensors["flow.embedding"])
     stream = t2w.stream(prompt, speed=1.25)

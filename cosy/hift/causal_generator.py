@@ -123,10 +123,37 @@ class CausalHiFTGenerator(nn.Module):
         """mel (B, 80, T) -> f0 (B, T [- f0_look_right if not final]) Hz, computed in float64, as mel's dtype."""
         return self.f0_predictor(mel, finalize).to(mel.dtype)
 
+    @property
+    def f0_context_frames(self) -> int:
+        """Mel frames to the left that the f0 of a frame depends on (the four left-padded k3 convs: 8)."""
+        return sum(conv.kernel_size[0] - 1 for conv in self.f0_predictor.condnet[2::2])
+
+    @property
+    def decode_context_frames(self) -> int:
+        """Mel frames to the left that `decode`'s output at a frame depends on, rounded up, plus one. Per
+        upsampling stage, in its steps: the further of its upsampling conv and the source branch added after
+        it (the down conv's step back, the STFT window, the source resblock), then the widest resblock, then
+        the reflect pad's one step; after the stages, conv_post (k7) and the iSTFT window."""
+        cfg = self.cfg
+
+        def reach(kernel: int, dilations: tuple[int, ...]) -> int:
+            return (kernel - 1) * (sum(dilations) + len(dilations))
+
+        frames, steps = 0.0, 1
+        stft_frames = cfg.istft_n_fft // cfg.istft_hop_len  # a source STFT frame spans n_fft samples
+        widest = max(reach(k, d) for k, d in zip(cfg.resblock_kernel_sizes, cfg.resblock_dilation_sizes))
+        for i, (rate, kernel) in enumerate(zip(cfg.upsample_rates, cfg.upsample_kernel_sizes)):
+            steps *= rate
+            source = reach(cfg.source_resblock_kernel_sizes[i], cfg.source_resblock_dilation_sizes[i]) + 1 + stft_frames
+            frames += (max(kernel - 1, source) + widest + 1) / steps
+        frames += (7 - 1 + cfg.istft_n_fft) / (steps * cfg.istft_hop_len)
+        return math.ceil(frames) + 1
+
     @torch.no_grad()
-    def source(self, f0: Tensor, noise: bool = True) -> Tensor:
-        """f0 (B, T) Hz -> excitation (B, 1, T*480) float32; `noise=False` takes the noise table as zeros."""
-        return self.m_source(f0, noise=noise)
+    def source(self, f0: Tensor, noise: bool = True, start: int = 0) -> Tensor:
+        """f0 (B, T) Hz -> excitation (B, 1, (T - start)*480) float32 of frames start..T-1; `noise=False`
+        takes the noise table as zeros."""
+        return self.m_source(f0, noise=noise, start=start)
 
     @torch.no_grad()
     def decode(self, mel: Tensor, s: Tensor, finalize: bool = True) -> Tensor:

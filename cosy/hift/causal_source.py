@@ -18,8 +18,10 @@ from cosy.hift.config import CausalHiFTConfig
 from cosy.hift.noise_tables import NoiseTables, state_before_source
 
 
-def causal_harmonic_sines(f0: Tensor, n_harmonics: int, sampling_rate: int, upsample_scale: int) -> Tensor:
-    """f0 (B, T) Hz at frame rate -> sin(phase) (B, T*scale, n_harmonics + 1), float32, phase held per frame.
+def causal_harmonic_sines(f0: Tensor, n_harmonics: int, sampling_rate: int, upsample_scale: int,
+                          start: int = 0) -> Tensor:
+    """f0 (B, T) Hz at frame rate -> sin(phase) (B, (T - start)*scale, n_harmonics + 1), float32, phase held
+    per frame; `start`: the first frame wanted (the phase still integrates from frame 0).
 
     The official upsamples f0 to the sample rate, takes (k f0 / sr) mod 1 per sample, averages back to the
     frame rate (two equal samples: the frame value itself), integrates, and nearest-upsamples: computing at
@@ -28,7 +30,7 @@ def causal_harmonic_sines(f0: Tensor, n_harmonics: int, sampling_rate: int, upsa
     f0 = f0.float()
     mult = torch.arange(1, n_harmonics + 2, device=f0.device, dtype=torch.float32)
     rad = (f0.unsqueeze(-1) * mult / sampling_rate) % 1  # (B, T, H+1) cycles per sample
-    phase = torch.cumsum(rad, dim=1) * 2 * math.pi * upsample_scale
+    phase = torch.cumsum(rad, dim=1)[:, start:] * 2 * math.pi * upsample_scale  # cheap at frame rate
     return torch.sin(phase).repeat_interleave(upsample_scale, dim=1)
 
 
@@ -51,16 +53,20 @@ class CausalSourceModule(nn.Module):
         state = state_before_source(cfg) if state is None else state
         self.tables = NoiseTables(state, cfg.nb_harmonics + 1, cfg.max_seconds * cfg.sampling_rate)
 
-    def forward(self, f0: Tensor, noise: bool = True) -> Tensor:
-        """f0 (B, T) Hz -> source (B, 1, T*scale), float32. `noise=False`: the tables taken as zeros."""
-        sines = causal_harmonic_sines(f0, self.n_harmonics, self.sampling_rate, self.upsample_scale) * self.sine_amp
-        uv = (f0.float() > self.voiced_threshold).float()
+    def forward(self, f0: Tensor, noise: bool = True, start: int = 0) -> Tensor:
+        """f0 (B, T) Hz -> source (B, 1, (T - start)*scale), float32: the excitation of frames start..T-1 (it is
+        pointwise per sample, but for the phase, which integrates f0 from frame 0). `noise=False`: the tables
+        taken as zeros."""
+        sines = causal_harmonic_sines(f0, self.n_harmonics, self.sampling_rate, self.upsample_scale,
+                                      start) * self.sine_amp
+        uv = (f0[:, start:].float() > self.voiced_threshold).float()
         uv = uv.repeat_interleave(self.upsample_scale, dim=1).unsqueeze(-1)  # (B, L, 1)
         excitation = sines * uv
         if noise:
             # voiced: small noise (sigma); unvoiced: about the sine amplitude; uniform [0, 1) table (official)
             noise_amp = uv * self.noise_std + (1 - uv) * self.sine_amp / 3
-            table = self.tables.sine_waves(sines.size(1), sines.device).to(sines.dtype)
+            offset = start * self.upsample_scale  # the table is indexed by the sample's place in the utterance
+            table = self.tables.sine_waves(offset + sines.size(1), sines.device)[:, offset:].to(sines.dtype)
             excitation = excitation + noise_amp * table
         merged = F.linear(excitation, self.l_linear.weight.float(), self.l_linear.bias.float())
         return torch.tanh(merged).transpose(1, 2)

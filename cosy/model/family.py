@@ -132,7 +132,8 @@ class ModelFamily:
     flow_estimator: str = "cosy.flow.decoder:CausalConditionalDecoder"
     hift: str = "cosy.hift.generator:HiFTGenerator"
     # streaming vocoder semantics (cosy.pipeline.stream_vocoder): CosyVoice2 crossfades chunks;
-    # CosyVoice3: "cosy.pipeline.stream_vocoder:RevocodeVocoder" (re-vocodes the whole mel, no fade)
+    # CosyVoice3: "cosy.pipeline.stream_vocoder:CausalStreamVocoder" (the official re-vocoding of the whole
+    # mel, computed on the new frames and their context only)
     stream_vocoder: str = "cosy.pipeline.stream_vocoder:CrossfadeVocoder"
     # golden-case handler lists ("module:attribute") for `cosy.golden_check`; absent modules are skipped
     golden_handlers: tuple[str, ...] = ("cosy.verify.golden_cases:HANDLERS", "cosy.verify.golden_bistream:HANDLERS")

@@ -3,9 +3,14 @@
 Each stream owns one of these (per-request state); the family names the class (`ModelFamily.stream_vocoder`):
   * `CrossfadeVocoder` (CosyVoice2): HiFT is not causal, so each chunk is vocoded with the previous chunk's
     last 8 mel frames and their source in front, and the overlap is crossfaded with a Hamming window.
-  * `RevocodeVocoder` (CosyVoice3): the causal HiFT re-vocodes the WHOLE mel so far (`finalize=False` until
-    the last chunk) and only the samples past those already emitted are returned; no fade, no source cache.
-Both take mel frames (1, 80, n) in order and return (N,) float32 CPU audio.
+  * `RevocodeVocoder` (CosyVoice3, as the official computes it): the causal HiFT re-vocodes the WHOLE mel so
+    far (`finalize=False` until the last chunk) and only the samples past those already emitted are
+    returned; no fade, no source cache. Its cost grows with the square of the utterance's length.
+  * `CausalStreamVocoder` (CosyVoice3, served): the same samples, within float rounding, in linear time.
+    HiFT is causal with a finite reach to the left, so each chunk re-vocodes only its new frames plus
+    `decode_context_frames` before them; the f0 of finished frames is kept (each new frame's f0 computed
+    from `f0_context_frames` before it) and the sine phase integrates the whole f0 so far (cheap: frame rate).
+All take mel frames (1, 80, n) in order and return (N,) float32 CPU audio.
 """
 from __future__ import annotations
 
@@ -122,4 +127,48 @@ class RevocodeVocoder:
         speech, _ = self.hift.inference(self.mel, finalize=finalize)
         new = speech[0, self.offset:]
         self.offset = max(self.offset, speech.shape[1])
+        return new.float().cpu()
+
+
+class CausalStreamVocoder:
+    """`RevocodeVocoder`'s output at the cost of the new frames: see the module docstring. Holds the mel
+    from the first frame a later chunk can need (`base` on), the f0 of every finished frame, and the count
+    of samples out."""
+
+    def __init__(self, hift: nn.Module, generator: torch.Generator | None = None, window: Tensor | None = None):
+        self.hift = hift
+        self.scale = hift.cfg.upsample_scale
+        self.mel: Tensor | None = None  # (1, 80, frames base..T-1)
+        self.base = 0  # the utterance frame self.mel starts at
+        self.f0: Tensor | None = None  # (1, F): f0 of frames 0..F-1, final values
+        self.offset = 0  # samples emitted
+
+    @property
+    def empty(self) -> bool:
+        return self.mel is None
+
+    def job(self, mel: Tensor, finalize: bool) -> None:
+        """Not batchable: each stream's window has its own f0 and phase."""
+        return None
+
+    def push(self, mel: Tensor, finalize: bool) -> Tensor:
+        hift = self.hift
+        self.mel = mel if self.mel is None else torch.cat([self.mel, mel], dim=2)
+        frames = self.base + self.mel.shape[2]
+        if frames == 0 or (not finalize and frames <= hift.context_frames):
+            return torch.zeros(0)
+        done = 0 if self.f0 is None else self.f0.shape[1]
+        f0_from = max(0, done - hift.f0_context_frames)  # the f0 of frames >= done is exact from here on
+        f0 = hift.predict_f0(self.mel[:, :, f0_from - self.base:], finalize)[:, done - f0_from:]
+        self.f0 = f0 if self.f0 is None else torch.cat([self.f0, f0], dim=1)
+        voiced = self.f0.shape[1]  # frames with f0 (not final: all but the f0 predictor's look-ahead)
+        start = max(0, self.offset // self.scale - hift.decode_context_frames)
+        x = self.mel[:, :, start - self.base:voiced - self.base]
+        speech = hift.decode(x, hift.source(self.f0, start=start), finalize)
+        new = speech[0, self.offset - start * self.scale:]
+        self.offset = max(self.offset, start * self.scale + speech.shape[1])
+        # what the next chunk reads: its decode window and the f0 predictor's context
+        keep = min(max(0, self.offset // self.scale - hift.decode_context_frames),
+                   max(0, voiced - hift.f0_context_frames))
+        self.mel, self.base = self.mel[:, :, keep - self.base:], keep
         return new.float().cpu()

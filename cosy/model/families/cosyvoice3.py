@@ -49,7 +49,7 @@ FAMILY = ModelFamily(
     flow="cosy.flow.dit_model:DiTFlowModel",
     flow_estimator="cosy.flow.dit:DiT",
     hift="cosy.hift.causal_generator:CausalHiFTGenerator",
-    stream_vocoder="cosy.pipeline.stream_vocoder:RevocodeVocoder",
+    stream_vocoder="cosy.pipeline.stream_vocoder:CausalStreamVocoder",
     golden_handlers=("cosy.verify.golden_cv3:HANDLERS", "cosy.verify.golden_cv3_speech:HANDLERS",
                      "cosy.verify.golden_bistream:HANDLERS"),
 )
