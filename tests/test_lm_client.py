@@ -67,6 +67,59 @@ def test_pool_with_no_live_backend_says_so():
         list(pool.generate(torch.zeros(1, 3, 8), 0, 5, seed=0))
 
 
+def test_a_down_backend_fails_requests_at_once_while_it_cools_down():
+    """The first request pays the retries (0.5 + 1 s); while the backend cools down, the next ones probe it
+    once, without retries: under load they must not queue behind 1.5 s each (they did: 16 requests on a
+    killed backend took 59 s to fail)."""
+    import time
+    pool = BackendPool([RemoteLM(f"http://127.0.0.1:{free_port()}/v1", "k", "m", connect_timeout=1, retries=2)],
+                       cooldown=30)
+    took = []
+    for _ in range(3):
+        start = time.monotonic()
+        with pytest.raises(BackendError, match="no LM backend could take the request: cannot reach"):
+            list(pool.generate(torch.zeros(1, 3, 8), 0, 5, seed=0))
+        took.append(time.monotonic() - start)
+    assert took[0] >= 1.5 and max(took[1:]) < 0.5, took
+
+
+def test_one_probe_at_a_time_while_the_backend_cools_down():
+    """A frozen backend (accepts, never answers): once it is marked dead, one request probes it (and waits
+    out the stall timeout) while the others fail at once instead of each waiting as long."""
+    import socket
+    import time
+    frozen = socket.socket()
+    frozen.bind(("127.0.0.1", 0))
+    frozen.listen(16)
+    url = f"http://127.0.0.1:{frozen.getsockname()[1]}/v1"
+    pool = BackendPool([RemoteLM(url, "k", "m", stall_timeout=1.5, retries=2)], cooldown=30)
+    x = torch.zeros(1, 3, 8)
+    try:
+        with pytest.raises(BackendError, match="stalled"):
+            list(pool.generate(x, 0, 5, seed=0))  # marks it dead
+        probe_error: list[str] = []
+
+        def probe():
+            try:
+                list(pool.generate(x, 0, 5, seed=0))
+            except BackendError as e:
+                probe_error.append(str(e))
+
+        t = threading.Thread(target=probe)
+        t.start()
+        deadline = time.monotonic() + 5
+        while not pool.probing and time.monotonic() < deadline:
+            time.sleep(0.01)
+        start = time.monotonic()
+        with pytest.raises(BackendError, match="no LM backend could take the request: .*stalled"):
+            list(pool.generate(x, 0, 5, seed=0))
+        assert time.monotonic() - start < 0.5
+        t.join(10)
+        assert probe_error and "stalled" in probe_error[0] and not pool.probing
+    finally:
+        frozen.close()
+
+
 def test_prompt_embeds_encoding_round_trips():
     import base64
     import io
@@ -132,7 +185,9 @@ def test_backend_killed_mid_stream_then_restarted(backend, tiny):
     got = [next(tokens) for _ in range(3)]
     backend.crash()
     try:
-        with pytest.raises(BackendError, match=f"LM backend at {backend.url}.*(failed after|before the first)"):
+        # the connection closed (failed after N tokens), or, when the dying vLLM holds it open, the stall clock
+        ended = "(failed after|before the first|stalled)"
+        with pytest.raises(BackendError, match=f"LM backend at {backend.url}.*{ended}"):
             for t in tokens:
                 got.append(t)
         assert 3 <= len(got) < 30000

@@ -43,6 +43,7 @@ class BackendPool:
         self.in_flight = {id(b): 0 for b in backends}
         self.dead_until = {id(b): 0.0 for b in backends}
         self.errors: dict[int, str] = {}
+        self.probing: set[int] = set()  # cooling-down backends with a probe in flight
         self._lock = threading.Lock()
 
     def configure(self, stall_timeout: float | None = None, shared_health=None,
@@ -82,41 +83,50 @@ class BackendPool:
             self.dead_until[id(b)] = time.monotonic() + self.cooldown
             self.errors[id(b)] = why
 
-    def _pick(self, tried: set[int]) -> RemoteLM | None:
+    def _pick(self, tried: set[int]) -> tuple[RemoteLM | None, bool]:
         """The live backend with the fewest requests in flight (dead ones whose cool-down is over count as
-        live again); if all are cooling down, the one that comes back first."""
+        live again); if all are cooling down, the one that comes back first, as a probe (True): tried once,
+        without the retries a live one gets, and one probe at a time (None while one is out), so that
+        requests fail fast while every backend is down."""
         with self._lock:
             now = time.monotonic()
             candidates = [b for b in self.backends if id(b) not in tried]
             if not candidates:
-                return None
+                return None, False
             live = [b for b in candidates if self.dead_until[id(b)] <= now]
             pool = live or sorted(candidates, key=lambda b: self.dead_until[id(b)])[:1]
             best = min(pool, key=lambda b: self.in_flight[id(b)])
+            if not live:
+                if id(best) in self.probing:
+                    return None, False
+                self.probing.add(id(best))
             self.in_flight[id(best)] += 1
-            return best
+            return best, not live
 
     def generate(self, prompt_embeds: Tensor, min_len: int, max_len: int, seed: int | None = None,
                  params: SamplingParams | None = None) -> Iterator[int]:
-        return self._stream(lambda b: b.generate(prompt_embeds, min_len, max_len, seed=seed, params=params))
+        return self._stream(lambda b, retries: b.generate(prompt_embeds, min_len, max_len, seed=seed, params=params,
+                                                          retries=retries))
 
     def complete(self, *args, **kwargs) -> Iterator[int]:
         """`RemoteLM.complete` on the least loaded live backend (a continued decode sends its whole prefix,
         so each call may go to another backend)."""
-        return self._stream(lambda b: b.complete(*args, **kwargs))
+        return self._stream(lambda b, retries: b.complete(*args, retries=retries, **kwargs))
 
     def _stream(self, call) -> Iterator[int]:
         tried: set[int] = set()
-        while (b := self._pick(tried)) is not None:
+        while (picked := self._pick(tried))[0] is not None:
+            b, probe = picked
             tried.add(id(b))
-            tokens = call(b)
+            tokens = call(b, 0 if probe else None)
             produced = 0
             try:
                 for token in tokens:
                     produced += 1
+                    if produced == 1:
+                        self._mark_alive(b)  # it answers: others may use it now, not only after this stream
                     yield token
-                with self._lock:
-                    self.dead_until[id(b)] = 0.0
+                self._mark_alive(b)
                 return
             except BackendUnavailable as e:
                 self._mark_dead(b, str(e))  # nothing streamed yet: the next backend takes the request
@@ -128,7 +138,13 @@ class BackendPool:
                 tokens.close()
                 with self._lock:
                     self.in_flight[id(b)] -= 1
+                    if probe:
+                        self.probing.discard(id(b))
         raise BackendError("no LM backend could take the request: " + "; ".join(self.errors.values()))
+
+    def _mark_alive(self, b: RemoteLM) -> None:
+        with self._lock:
+            self.dead_until[id(b)] = 0.0
 
 
 def connect(base_urls: str, api_key: str | None, model: str, sampling: SamplingParams | None = None,

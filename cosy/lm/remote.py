@@ -130,10 +130,11 @@ class RemoteLM:
             timeout=httpx.Timeout(self.stall_timeout, connect=self.connect_timeout),  # per read: between tokens
             extra_body=extra)
 
-    def _open(self, *args) -> object:
-        """Start the request, retrying connection failures and 5xx answers before anything streamed."""
-        delay = 0.5
-        for attempt in range(self.retries + 1):
+    def _open(self, *args, retries: int | None = None) -> object:
+        """Start the request, retrying connection failures and 5xx answers before anything streamed
+        (`retries` times; None: the backend's `retries`)."""
+        delay, retries = 0.5, self.retries if retries is None else retries
+        for attempt in range(retries + 1):
             try:
                 return self._request(*args)
             except openai.AuthenticationError:
@@ -147,7 +148,7 @@ class RemoteLM:
             except openai.APITimeoutError:  # frozen or overloaded: waiting again here would only add stalls
                 raise BackendUnavailable(self._stalled(0)) from None
             except (openai.APIConnectionError, openai.InternalServerError) as e:
-                if attempt == self.retries:
+                if attempt == retries:
                     raise BackendUnavailable(f"cannot reach the LM backend at {self.base_url} ({e})") from None
                 time.sleep(delay)
                 delay *= 2
@@ -162,25 +163,27 @@ class RemoteLM:
                 f"{produced} tokens (--llm_stall_timeout); the request was not completed")
 
     def generate(self, prompt_embeds: Tensor, min_len: int, max_len: int, seed: int | None = None,
-                 params: SamplingParams | None = None) -> Iterator[int]:
+                 params: SamplingParams | None = None, retries: int | None = None) -> Iterator[int]:
         """Yield speech tokens as the backend streams them (never a stop token). Closing the iterator
-        closes the HTTP stream, which aborts the request on the backend."""
+        closes the HTTP stream, which aborts the request on the backend. `retries`: see `complete`."""
         p = params or self.sampling
-        for token in self.complete(prompt_embeds, max_len, min_len, None, seed, p):
+        for token in self.complete(prompt_embeds, max_len, min_len, None, seed, p, retries=retries):
             if token in self.tokens.stop and not p.ignore_stop:
                 return
             yield token
 
     def complete(self, prompt_embeds: Tensor, max_new: int, min_len: int = 0, stop: list[int] | None = None,
                  seed: int | None = None, params: SamplingParams | None = None, history: list[int] | None = None,
-                 logps: list[float] | None = None) -> Iterator[int]:
+                 logps: list[float] | None = None, retries: int | None = None) -> Iterator[int]:
         """Yield up to max_new tokens continuing `prompt_embeds` (1, L, H), the one of `stop` (default: the
         family's stop ids) that ended the answer included. `history`: outputs before this prompt's end, the
         RAS window of a continued decode; `logps`: filled with each token's log-prob (log_softmax of the
-        raw logits). Closing the iterator aborts the request on the backend."""
+        raw logits); `retries`: of a failed start (None: this backend's). Closing the iterator aborts the
+        request on the backend."""
         p = params or self.sampling
         seed = seed if seed is not None else int(torch.randint(0, 2**31 - 1, (1,)).item())
-        stream = self._open(prompt_embeds, min_len, max_new, seed, p, stop, history, logps is not None)
+        stream = self._open(prompt_embeds, min_len, max_new, seed, p, stop, history, logps is not None,
+                            retries=retries)
         produced, finish = 0, None
         vocab = self.tokens.vocab
         # bytes are not tokens: the queue keep-alives reset httpx's read timeout, not this clock
