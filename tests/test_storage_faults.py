@@ -66,13 +66,20 @@ def test_a_full_disk_answers_507_and_leaves_nothing_half_written(small_disk):
 
 
 def test_a_read_only_data_dir_answers_503(small_disk):
+    """Made read-only mid-run: writes answer 503, what only reads the data dir (a synthesis with a stored
+    reference audio) is not lost."""
     url, root = small_disk
+    ref = _upload(url, ZS_WAV.read_bytes()[:-6000] + b"\0" * 6000)
+    assert ref.status_code == 200, ref.text
     assert _mount("-o", "remount,ro", str(root))
     try:
         before = _files(root)
         r = _upload(url, ZS_WAV.read_bytes()[:-4000] + b"\0" * 4000)
         assert r.status_code == 503 and "not writable" in r.json()["error"]["message"], r.text
         assert "retry-after" in r.headers and _files(root) == before
+        speech = httpx.post(f"{url}/api/v1/audio/speech", timeout=120, json={"stream": False, "input": {
+            "mode": "fast_replication", "text": "你好。", "reference_audio_id": ref.json()["id"]}})
+        assert speech.status_code == 200 and speech.json()["output"]["audio"]["data"], speech.text
     finally:
         assert _mount("-o", "remount,rw", str(root))
     assert _upload(url, ZS_WAV.read_bytes()[:-4000] + b"\0" * 4000).status_code == 200
