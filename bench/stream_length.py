@@ -1,14 +1,17 @@
-"""Streaming cost against the utterance's length: token2wav streaming of 10, 30 and 60 s of audio, same run.
+"""Streaming cost against the utterance's length: 10, 30 and 60 s of audio streamed, same run.
 
-    python bench/stream_length.py [--families cosyvoice2,cosyvoice3] [--seconds 10,30,60] [--cache_mb 4096]
-                                  [--threads 2] [--model_dir DIR]
+    python bench/stream_length.py [--stage vocoder|token2wav] [--families cosyvoice2,cosyvoice3]
+                                  [--seconds 10,30,60] [--cache_mb 4096] [--threads 2] [--model_dir DIR]
 
-The speech half only, as the engine runs it (`Token2Wav.stream` with a flow state budget: the incremental
-flow of both families), fed seeded random speech tokens 25 at a time (what the LM would stream), with the
-saved-voice features of assets/zero_shot_prompt.wav; full-size random models (bench/models.py). CosyVoice3
-runs twice: "official" = `RevocodeVocoder` (re-vocodes the whole mel at every chunk, today's main before
-`CausalStreamVocoder`) and "linear" = `CausalStreamVocoder`; both streams' chunks are compared. Prints total
-seconds, seconds per audio second and the 60 s / 10 s ratio of the latter (1.0 = linear).
+--stage token2wav (default): the speech half as the engine runs it (`Token2Wav.stream` with a flow state
+budget: the incremental flow of both families), fed seeded random speech tokens 25 at a time (what the LM
+would stream), with the saved-voice features of assets/zero_shot_prompt.wav. --stage vocoder: the stream
+vocoder alone, fed a seeded mel 50 frames (one official CosyVoice3 hop) at a time (the full-size flow on
+2 CPU cores takes ~12 s per audio second and would hide the vocoder). Full-size random models
+(bench/models.py). CosyVoice3 runs twice: "official" = `RevocodeVocoder` (re-vocodes the whole mel at every
+chunk, as main did before `CausalStreamVocoder`) and "linear" = `CausalStreamVocoder`; both streams' chunks
+are compared. Prints total seconds, seconds per audio second and the last / first length ratio of the
+latter (1.0 = linear).
 """
 from __future__ import annotations
 
@@ -45,11 +48,22 @@ def stream(engine: Engine, prompt: FlowPrompt, tokens: list[int]) -> tuple[float
     return time.perf_counter() - start, chunks
 
 
+def vocode(engine: Engine, mel: torch.Tensor) -> tuple[float, list[torch.Tensor]]:
+    """(seconds, chunks) of the family's stream vocoder over `mel` (1, 80, T), 50 frames at a time."""
+    start = time.perf_counter()
+    v = engine.t2w.stream_vocoder(engine.t2w.hift, torch.Generator().manual_seed(0), engine.t2w.window)
+    chunks = [v.push(mel[:, :, i:i + 50], i + 50 >= mel.shape[2]) for i in range(0, mel.shape[2], 50)]
+    return time.perf_counter() - start, chunks
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_model_args(ap)
+    ap.add_argument("--stage", choices=("token2wav", "vocoder"), default="token2wav")
     ap.add_argument("--families", default="cosyvoice2,cosyvoice3")
     ap.add_argument("--seconds", default="10,30,60")
+    ap.add_argument("--vocoders", default="official,linear",
+                    help="CosyVoice3's paths to run (the official one is slow past 30 s: its cost is quadratic)")
     ap.add_argument("--cache_mb", type=int, default=4096)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
@@ -62,29 +76,34 @@ def main() -> None:
         engine = Engine.from_model_dir(model_dir(ap, args), cache_mb=args.cache_mb)
         feats = engine.prompt_features(PROMPT_WAV)
         prompt = FlowPrompt(feats.speech_tokens, feats.mel, feats.embedding)
-        paths = {"official": RevocodeVocoder, "linear": CausalStreamVocoder} if family == "cosyvoice3" else \
+        paths = {name: {"official": RevocodeVocoder, "linear": CausalStreamVocoder}[name]
+                 for name in args.vocoders.split(",")} if family == "cosyvoice3" else \
             {"crossfade": engine.t2w.stream_vocoder}
         g = torch.Generator().manual_seed(0)
-        stream(engine, prompt, torch.randint(0, 4096, (50,), generator=g).tolist())  # warm-up
         per_second: dict[str, list[float]] = {name: [] for name in paths}
-        for seconds in lengths:
-            tokens = torch.randint(0, 4096, (seconds * TOKENS_PER_SECOND,), generator=g).tolist()
+        for seconds in [1, *lengths]:  # 1: warm-up, not shown
+            if args.stage == "vocoder":
+                mel = torch.randn(1, 80, seconds * 50, generator=g) * 0.8 - 4
+            else:
+                tokens = torch.randint(0, 4096, (seconds * TOKENS_PER_SECOND,), generator=g).tolist()
             outs = {}
             for name, vocoder in paths.items():
                 engine.t2w.stream_vocoder = vocoder
-                took, chunks = stream(engine, prompt, tokens)
+                took, chunks = vocode(engine, mel) if args.stage == "vocoder" else stream(engine, prompt, tokens)
+                if seconds == 1:
+                    continue
                 audio = sum(c.numel() for c in chunks) / engine.sample_rate
                 per_second[name].append(took / audio)
                 outs[name] = chunks
-                print(f"{family:<11} {name:<9} {audio:6.1f} s of audio: {took:7.1f} s streaming, "
+                print(f"{family:<11} {args.stage:<9} {name:<9} {audio:6.1f} s of audio: {took:7.1f} s streaming, "
                       f"{took / audio:.3f} s per audio s", flush=True)
-            if len(outs) == 2:
+            if len(outs) == 2 and seconds > 1:
                 a, b = outs.values()
                 diff = max(float((x - y).abs().max()) for x, y in zip(a, b) if x.numel())
                 print(f"{family:<11} chunks equal: {[x.numel() for x in a] == [y.numel() for y in b]}, "
                       f"max abs difference {diff:.2e}", flush=True)
         for name, values in per_second.items():
-            print(f"{family:<11} {name:<9} cost per audio second, {lengths[-1]} s / {lengths[0]} s: "
+            print(f"{family:<11} {args.stage:<9} {name:<9} cost per audio second, {lengths[-1]} s / {lengths[0]} s: "
                   f"{values[-1] / values[0]:.2f}")
 
 
