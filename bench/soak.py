@@ -8,7 +8,8 @@ fresh data dir and TMPDIR and small store bounds (--uploads_max_mb, --results_ma
 --clients threads until the time is up. Each picks at random: PAI speech (streamed or not), OpenAI speech,
 a reference-audio upload (good: distinct audio each time, so the upload store must prune; bad: garbage,
 too short, NaN), bad speech requests (unknown voice, wrong fields), gradio_client calls (/zero_shot with
-an upload, /saved_voice, /list_voices) and raw gradio API calls; about a third of the requests leave early
+an upload, /saved_voice, /list_voices), raw gradio API calls, the PAI duplex WebSocket (some with an
+unknown voice) and the OpenAI-style streaming WebSocket; about a third of the requests leave early
 (mid-stream, while queued or while running). After --warmup seconds the clients pause, the server
 settles, and the baseline is taken; at the end the same. Printed: RSS of the app's process tree, its open
 files (fds), the files and bytes under its TMPDIR, the data dir size, and the answers by kind and status.
@@ -206,6 +207,61 @@ class Soak:
                     return "gradio_raw", "left"
         return "gradio_raw", s.status_code
 
+    def ws_pai(self, rng):
+        """The PAI duplex socket: run-task, the text in pieces, finish-task, audio to task-finished; or
+        left early (the socket closed mid-task), or a bad task (unknown voice: task-failed expected)."""
+        from websockets.sync.client import connect
+        bad, leave = rng.random() < 0.15, self.leave(rng)
+        params = {"mode": "fast_replication", "output_format": "pcm",
+                  "reference_audio_id": "no-such-voice" if bad else self.ref}
+        with connect(self.url.replace("http://", "ws://") + "/api-ws/v1/audio/speech", open_timeout=30) as ws:
+            def send(action: str, payload: dict) -> None:
+                ws.send(json.dumps({"header": {"action": action, "task_id": "t", "streaming": "duplex"},
+                                    "payload": payload}))
+            send("run-task", {"parameters": params, "input": {}})
+            for piece in rng.choice(TEXTS).split("，"):
+                send("continue-task", {"input": {"text": piece}})
+            send("finish-task", {"input": {}})
+            start = time.monotonic()
+            while True:
+                if leave is not None and time.monotonic() - start > leave:
+                    return "ws_pai", "left"
+                try:
+                    message = ws.recv(timeout=1 if leave is not None else 120)
+                except TimeoutError:
+                    if leave is None:
+                        raise
+                    continue
+                if isinstance(message, str):
+                    event = json.loads(message)["header"]["event"]
+                    if event in ("task-finished", "task-failed"):
+                        return f"ws_pai{'_bad' if bad else ''}", event
+
+    def ws_openai(self, rng):
+        """The OpenAI-style streaming socket: session.config, text deltas, input.done, audio to done."""
+        from websockets.sync.client import connect
+        leave = self.leave(rng)
+        with connect(self.url.replace("http://", "ws://") + "/v1/audio/speech/stream", open_timeout=30) as ws:
+            ws.send(json.dumps({"type": "session.config", "voice": self.ref, "response_format": "pcm"}))
+            ws.recv(timeout=30)
+            for piece in rng.choice(TEXTS).split("，"):
+                ws.send(json.dumps({"type": "input.text", "delta": piece}))
+            ws.send(json.dumps({"type": "input.done"}))
+            start = time.monotonic()
+            while True:
+                if leave is not None and time.monotonic() - start > leave:
+                    return "ws_openai", "left"
+                try:
+                    message = ws.recv(timeout=1 if leave is not None else 120)
+                except TimeoutError:
+                    if leave is None:
+                        raise
+                    continue
+                if isinstance(message, str):
+                    kind = json.loads(message)["type"]
+                    if kind in ("speech.audio.done", "error"):
+                        return "ws_openai", kind
+
     def client(self, i: int) -> None:
         from gradio_client import Client
         rng = random.Random(self.args.seed * 1000 + i)
@@ -216,7 +272,7 @@ class Soak:
             return self.gradio(r, gc, scratch)
 
         kinds = [self.pai] * 4 + [self.openai] * 2 + [self.bad_speech, self.upload, self.upload, self.gradio_raw,
-                                                       gradio, gradio]
+                                                       gradio, gradio, self.ws_pai, self.ws_pai, self.ws_openai]
         while not self.stop.is_set():
             if self.pause.is_set():
                 self.paused.release()
