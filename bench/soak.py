@@ -112,6 +112,22 @@ def raw(url: str, method: str, path: str, body: bytes, ctype: str, leave_after: 
         sock.close()
 
 
+def _until(ws, leave: float | None, last) -> dict | None:
+    """Read a WebSocket's JSON messages (audio frames skipped) until `last(message)`; that message, or None
+    once `leave` seconds passed (the caller then closes the socket mid-task)."""
+    start = time.monotonic()
+    while leave is None or time.monotonic() - start < leave:
+        try:
+            message = ws.recv(timeout=120 if leave is None else 1)
+        except TimeoutError:
+            if leave is None:
+                raise
+            continue
+        if isinstance(message, str) and last(event := json.loads(message)):
+            return event
+    return None
+
+
 class Soak:
     def __init__(self, app: AppProcess, args: argparse.Namespace):
         self.app, self.url, self.args = app, app.url, args
@@ -222,20 +238,8 @@ class Soak:
             for piece in rng.choice(TEXTS).split("，"):
                 send("continue-task", {"input": {"text": piece}})
             send("finish-task", {"input": {}})
-            start = time.monotonic()
-            while True:
-                if leave is not None and time.monotonic() - start > leave:
-                    return "ws_pai", "left"
-                try:
-                    message = ws.recv(timeout=1 if leave is not None else 120)
-                except TimeoutError:
-                    if leave is None:
-                        raise
-                    continue
-                if isinstance(message, str):
-                    event = json.loads(message)["header"]["event"]
-                    if event in ("task-finished", "task-failed"):
-                        return f"ws_pai{'_bad' if bad else ''}", event
+            end = _until(ws, leave, lambda m: m["header"]["event"] in ("task-finished", "task-failed"))
+            return ("ws_pai", "left") if end is None else (f"ws_pai{'_bad' if bad else ''}", end["header"]["event"])
 
     def ws_openai(self, rng):
         """The OpenAI-style streaming socket: session.config, text deltas, input.done, audio to done."""
@@ -247,20 +251,8 @@ class Soak:
             for piece in rng.choice(TEXTS).split("，"):
                 ws.send(json.dumps({"type": "input.text", "delta": piece}))
             ws.send(json.dumps({"type": "input.done"}))
-            start = time.monotonic()
-            while True:
-                if leave is not None and time.monotonic() - start > leave:
-                    return "ws_openai", "left"
-                try:
-                    message = ws.recv(timeout=1 if leave is not None else 120)
-                except TimeoutError:
-                    if leave is None:
-                        raise
-                    continue
-                if isinstance(message, str):
-                    kind = json.loads(message)["type"]
-                    if kind in ("speech.audio.done", "error"):
-                        return "ws_openai", kind
+            end = _until(ws, leave, lambda m: m["type"] in ("speech.audio.done", "error"))
+            return "ws_openai", "left" if end is None else end["type"]
 
     def client(self, i: int) -> None:
         from gradio_client import Client

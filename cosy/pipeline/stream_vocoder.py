@@ -130,26 +130,16 @@ class RevocodeVocoder:
         return new.float().cpu()
 
 
-class CausalStreamVocoder:
+class CausalStreamVocoder(RevocodeVocoder):
     """`RevocodeVocoder`'s output at the cost of the new frames: see the module docstring. Holds the mel
     from the first frame a later chunk can need (`base` on), the f0 of every finished frame, and the count
-    of samples out."""
+    of samples out. Not batchable either: each stream's window has its own f0 and phase."""
 
     def __init__(self, hift: nn.Module, generator: torch.Generator | None = None, window: Tensor | None = None):
-        self.hift = hift
+        super().__init__(hift)
         self.scale = hift.cfg.upsample_scale
-        self.mel: Tensor | None = None  # (1, 80, frames base..T-1)
         self.base = 0  # the utterance frame self.mel starts at
         self.f0: Tensor | None = None  # (1, F): f0 of frames 0..F-1, final values
-        self.offset = 0  # samples emitted
-
-    @property
-    def empty(self) -> bool:
-        return self.mel is None
-
-    def job(self, mel: Tensor, finalize: bool) -> None:
-        """Not batchable: each stream's window has its own f0 and phase."""
-        return None
 
     def push(self, mel: Tensor, finalize: bool) -> Tensor:
         hift = self.hift
