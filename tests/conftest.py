@@ -1,7 +1,9 @@
 """Shared fixtures: the golden data copied into the repo, and random model directories built on demand."""
 from __future__ import annotations
 
+import os
 import re
+import tempfile
 import time
 from pathlib import Path
 
@@ -13,6 +15,28 @@ GOLDEN_CV3 = FIXTURES / "golden-cv3"
 STATE_DICT_LIST = FIXTURES / "cosyvoice2-state-dict.txt"
 STATE_DICT_LIST_CV3 = FIXTURES / "cosyvoice3-state-dict.txt"
 ASSETS = Path(__file__).parent.parent / "assets"
+
+
+# Where the run's processes (this one, the xdist workers, every server they start) write what is not a test's
+# own tmp_path: temp files (vLLM's sockets, gradio, the frontends' temp roots, inductor's cache, Chromium's
+# profile, mmdebstrap), the user caches (pip, vLLM, hub libraries) and cosy's llm.pt export cache. All of it lies
+# under the run's basetemp, which pytest removes when the run passes (tmp_path_retention_policy = "failed"
+# in pyproject.toml) and keeps for three runs when it fails: nothing piles up from run to run.
+SANDBOX_ENV = {"TMPDIR": "tmp", "XDG_CACHE_HOME": "cache", "COSY_CACHE": "cache/cosy",
+               "VLLM_CONFIG_ROOT": "config/vllm", "PIP_CACHE_DIR": "cache/pip"}
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's tmp_path plugin has set up
+def pytest_configure(config):
+    """Point SANDBOX_ENV into the basetemp, once, in the first process (workers inherit it)."""
+    if os.environ.get("COSY_TEST_SANDBOX") or hasattr(config, "workerinput"):
+        return
+    root = config._tmp_path_factory.getbasetemp() / "sandbox"
+    for name, sub in SANDBOX_ENV.items():
+        (root / sub).mkdir(parents=True, exist_ok=True)
+        os.environ[name] = str(root / sub)
+    os.environ["COSY_TEST_SANDBOX"] = str(root)
+    tempfile.tempdir = None  # gettempdir() reads TMPDIR again
 
 
 def reference_entries(section: str, path: Path = STATE_DICT_LIST) -> list[tuple[str, tuple[int, ...], str]]:

@@ -5,7 +5,11 @@ frontend and used through the other, the backend restarted under running fronten
 mid-stream and one stopped mid-stream (its drain), `down` then `up` keeping the saved voices, and the key in no
 inspect output, image history or log.
 
-The tests of this module run in order on one stack. podman here needs runc, cgroupfs and no default ulimits
+The tests of this module run in order on one stack. The module leaves the machine as it found it, but for one
+copy of each image (the tagged one, the next run's build cache): before the build and after the last test,
+`remove_leftovers` removes the project's containers, pods, volumes and networks and every image of ours that
+no tag names any more (an older build under the same tag, with its layers), so an interrupted run is cleaned
+by the next. podman here needs runc, cgroupfs and no default ulimits
 (../shared/ENVIRONMENT.md "Containers"): a containers.conf with exactly that is written unless CONTAINERS_CONF
 is set. pip inside the build uses this machine's package sources (`pip config list`, mounted read-only).
 """
@@ -147,14 +151,48 @@ class Stack:
         return time.monotonic() - start
 
 
+PROJECT_LABEL = f"label=io.podman.compose.project={PROJECT}"
+IMAGE_LABELS = [f"label=org.opencontainers.image.title=cosy-{role}" for role in IMAGES]  # deploy/Containerfile
+
+
+def remove_leftovers(env: dict) -> dict[str, int]:
+    """Remove what this module's runs leave: the compose project's containers, pods, volumes and networks, and
+    our images that no tag names (dangling: untagged and no image built on them; removing one can leave its
+    parent dangling, hence the loop). The tagged images and the layers under them stay. What went, by kind."""
+    def listed(*args: str, field: str = "ID") -> list[str]:
+        return run(["podman", *args, "--format", f"{{{{.{field}}}}}"], env, check=False).stdout.split()
+
+    removed = {}
+    for kind, listing, field, remove in (
+            ("containers", ["ps", "-a"], "ID", ["rm", "-f"]), ("pods", ["pod", "ps"], "ID", ["pod", "rm", "-f"]),
+            ("volumes", ["volume", "ls"], "Name", ["volume", "rm", "-f"]),
+            ("networks", ["network", "ls"], "Name", ["network", "rm", "-f"])):
+        found = listed(*listing, "--filter", PROJECT_LABEL, field=field)
+        if found:
+            run(["podman", *remove, *found], env, check=False)
+        removed[kind] = len(found)
+    removed["images"] = 0
+    while True:
+        dangling = sorted({i for label in IMAGE_LABELS
+                           for i in listed("images", "-a", "--filter", "dangling=true", "--filter", label)})
+        if not dangling or run(["podman", "rmi", *dangling], env, check=False).returncode:
+            break
+        removed["images"] += len(dangling)
+    return removed
+
+
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    return podman_env(tmp_path_factory.mktemp("podman"))
+    env = podman_env(tmp_path_factory.mktemp("podman"))
+    print(f"\nbefore the build, removed what an earlier run left: {remove_leftovers(env)}")
+    yield env
+    print(f"\nafter the module, removed: {remove_leftovers(env)}")
 
 
 @pytest.fixture(scope="module")
 def images(env, tmp_path_factory):
-    """Both CPU images, built at once on a Debian base (made by mmdebstrap when this machine has none)."""
+    """Both CPU images, built at once on a Debian base (made by mmdebstrap when this machine has none);
+    the build before under the same tags goes (`remove_leftovers`)."""
     if run(["podman", "image", "exists", BASE], env, check=False).returncode:
         rootfs = tmp_path_factory.mktemp("base") / "rootfs.tar"
         run(["mmdebstrap", "--variant=minbase", "--include=python3,python3-venv,haproxy,ca-certificates",
@@ -171,6 +209,10 @@ def images(env, tmp_path_factory):
 
     with ThreadPoolExecutor(2) as pool:
         seconds = dict(zip(IMAGES, pool.map(build, IMAGES)))
+    print(f"\nthe builds before under the same tags, removed: {remove_leftovers(env)}")
+    for label in IMAGE_LABELS:  # one copy of each image: the tagged one and the layers under it
+        left = run(["podman", "images", "-a", "--filter", "dangling=true", "--filter", label, "-q"], env).stdout
+        assert not left.split(), f"dangling images of ours left: {left}"
     sizes = {role: json.loads(run(["podman", "image", "inspect", tag], env).stdout)[0]["Size"]
              for role, tag in IMAGES.items()}
     print(f"\nimages built (s): {seconds}; sizes (MB): { {r: s // 10**6 for r, s in sizes.items()} }")

@@ -43,6 +43,38 @@ def test_prune_by_age_and_size(tmp_path):
     assert names == ["f0", "f3"] and left == 2000  # f4, f5 too old; f1, f2 the oldest over 2500 B (f3 kept)
 
 
+@pytest.mark.quick
+def test_a_killed_frontends_temp_root_is_removed_by_the_next_one(tmp_path):
+    """Real processes: one holds its root's lock (alive), one held it and was SIGKILLed (orphaned); a root
+    without a lock goes only when no process has its PID."""
+    import subprocess
+    import sys
+    claim = "from cosy.frontend import store; store.claim_temp_root(); print(store.TEMP_ROOT, flush=True); " \
+            "import time; time.sleep(60)"
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    alive, killed = (subprocess.Popen([sys.executable, "-c", claim], env=env, stdout=subprocess.PIPE, text=True)
+                     for _ in range(2))
+    try:
+        roots = {p: Path(p.stdout.readline().strip()) for p in (alive, killed)}
+        killed.kill()
+        killed.wait()
+        no_lock_dead = tmp_path / f"{store.TEMP_PREFIX}{killed.pid}x"  # not a PID: never ours to remove
+        no_lock_alive = tmp_path / f"{store.TEMP_PREFIX}{os.getpid()}"
+        for d in (no_lock_dead, no_lock_alive):
+            d.mkdir()
+        gone = store.remove_orphaned_temp_roots(tmp_path)
+        assert gone == [roots[killed]] and not roots[killed].exists()
+        assert roots[alive].is_dir() and no_lock_dead.is_dir() and no_lock_alive.is_dir()
+        alive.kill()
+        alive.wait()
+        no_lock_alive.rename(tmp_path / f"{store.TEMP_PREFIX}{killed.pid}")  # a PID nobody has now
+        assert sorted(store.remove_orphaned_temp_roots(tmp_path)) == sorted(
+            [roots[alive], tmp_path / f"{store.TEMP_PREFIX}{killed.pid}"])
+    finally:
+        for p in (alive, killed):
+            p.kill()
+
+
 def _silence_wav(seconds: float) -> bytes:
     buf = io.BytesIO()
     sf.write(buf, np.zeros(int(16000 * seconds), np.float32), 16000, format="WAV")

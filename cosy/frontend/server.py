@@ -347,6 +347,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         except ValueError as e:
             print(f"error: {e}", file=sys.stderr, flush=True)
             raise SystemExit(2) from None
+    store.claim_temp_root()
+    for gone in store.remove_orphaned_temp_roots():
+        say(f"removed {gone}, the temp dir of a frontend that is gone")
     mps = MpsDaemon(store.TEMP_ROOT / "mps") if args.enable_mps else None
     from cosy.frontend import gradio_api
     gradio_api.RESULT_BOUNDS = store.Bounds.of(args.results_max_age, args.results_max_mb)
