@@ -109,15 +109,17 @@ class FlowModel(nn.Module):
         dev = self.spk_embed_affine_layer.weight.device
         dtype = self.spk_embed_affine_layer.weight.dtype
         seqs = [torch.cat([pt.to(dev), t.to(dev)], dim=1)[0] for t, pt, _, _ in rows]
-        lengths = torch.tensor([s.numel() for s in seqs], device=dev)
+        n_tokens = [s.numel() for s in seqs]  # host lengths: no device read per row (a sync each on CUDA)
+        n_mel = [n * cfg.token_mel_ratio for n in n_tokens]
+        lengths = torch.tensor(n_tokens, device=dev)
         tokens = nn.utils.rnn.pad_sequence(seqs, batch_first=True, padding_value=0)
         emb = torch.cat([e.to(dev) for _, _, _, e in rows])
         spks = self.spk_embed_affine_layer(F.normalize(emb.to(dtype), dim=1))
         x = self.input_embedding(tokens.clamp(min=0))
         h = self.encoder_proj(self.encoder(x, None, False, lengths=lengths))  # (B, ratio*T, 80)
         mel_lengths = lengths * cfg.token_mel_ratio
-        cond = prompt_cond([pf for _, _, pf, _ in rows], mel_lengths.tolist(), h, cfg.output_size)
+        cond = prompt_cond([pf for _, _, pf, _ in rows], n_mel, h, cfg.output_size)
         valid = (torch.arange(h.size(1), device=dev).unsqueeze(0) < mel_lengths.unsqueeze(1)).to(h.dtype)
         mu = h.transpose(1, 2) * valid.unsqueeze(1)
         mel = self.decoder(mu.contiguous(), spks, cond, False, lengths=mel_lengths)
-        return [mel[i:i + 1, :, pf.size(1):int(mel_lengths[i])].float() for i, (_, _, pf, _) in enumerate(rows)]
+        return [mel[i:i + 1, :, pf.size(1):n].float() for i, ((_, _, pf, _), n) in enumerate(zip(rows, n_mel))]
