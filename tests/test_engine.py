@@ -21,8 +21,14 @@ ZS_TEXT = "希望你以后能够做的比我还好呦。"
 SPF = 480
 
 
+# A random LM seldom samples its stop token, so it runs to the engine's max_len (20 tokens per text token: 1600
+# speech tokens for an 80-token sentence group); past min_len, tokens CAP and on add time, not coverage
+CAP = 40
+
+
 class RecordingLM:
-    """The real SpeechLM, remembering the tokens of each generate() call so lengths can be checked."""
+    """The real SpeechLM, remembering the tokens of each generate() call so lengths can be checked; each call
+    ends by max(min_len, CAP) tokens."""
 
     def __init__(self, lm: SpeechLM):
         self.lm, self.calls, self.sampling = lm, [], lm.sampling
@@ -30,6 +36,7 @@ class RecordingLM:
     def generate(self, prompt_embeds, min_len, max_len, seed=None, params=None):
         tokens = []
         self.calls.append(tokens)
+        max_len = min(max_len, max(min_len, CAP))
         for t in self.lm.generate(prompt_embeds, min_len, max_len, seed=seed, params=params):
             tokens.append(t)
             yield t
