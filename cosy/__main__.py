@@ -4,6 +4,8 @@
         [--prompt_text T --prompt_wav F --instruct_text T --voice_id ID --source_wav F]
         [--stream] [--speed S] [--seed N] [--save_voice ID] [--data_dir D]
         [--llm_base_url URL[,URL...] --llm_api_key KEY] [--device cuda --dtype bfloat16] --out out.wav
+
+    python -m cosy batch MANIFEST --out DIR [--shard i/n] [frontend flags]   (cosy.batch.cli)
 """
 from __future__ import annotations
 
@@ -65,6 +67,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["batch"]:
+        from cosy.batch.cli import main as batch
+        return batch(argv[1:])
     args = parse_args(argv)
     try:
         engine = Engine.from_model_dir(args.model_dir, device=args.device, dtype=args.dtype, tf32=args.tf32,

@@ -116,8 +116,8 @@ SHARED_BACKENDS = {"backend": "tiny_model_dir", "cv3_backend": "tiny_cv3_model_d
 
 # The modules whose tests use a session backend (SHARED_BACKENDS): the README's parallel run keeps them on one
 # worker, so that each backend is launched once (checked against the fixtures at collection)
-BACKEND_MODULES = {"test_app", "test_backend_cv3", "test_backend_server", "test_bistream", "test_cv3_e2e",
-                   "test_deployment", "test_faults", "test_lifecycle", "test_lm_client", "test_router"}
+BACKEND_MODULES = {"test_app", "test_backend_cv3", "test_backend_server", "test_batch", "test_bistream",
+                   "test_cv3_e2e", "test_deployment", "test_faults", "test_lifecycle", "test_lm_client", "test_router"}
 
 
 def _scope(module: str) -> str:
