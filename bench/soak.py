@@ -132,6 +132,7 @@ class Soak:
     def __init__(self, app: AppProcess, args: argparse.Namespace):
         self.app, self.url, self.args = app, app.url, args
         self.stats: Counter = Counter()
+        self.errors: Counter = Counter()  # (kind, the message the server gave) for each failed request
         self.lock = threading.Lock()
         self.pause, self.stop = threading.Event(), threading.Event()
         self.paused = threading.Semaphore(0)
@@ -141,9 +142,11 @@ class Soak:
         r.raise_for_status()
         self.ref = r.json()["id"]
 
-    def record(self, kind: str, status) -> None:
+    def record(self, kind: str, status, error: str | None = None) -> None:
         with self.lock:
             self.stats[(kind, status)] += 1
+            if error:
+                self.errors[(kind, " ".join(error.split())[:200])] += 1
 
     def leave(self, rng: random.Random) -> float | None:
         return rng.uniform(0.05, 3.0) if rng.random() < self.args.leave else None
@@ -207,7 +210,7 @@ class Soak:
                 client.predict(api_name="/list_voices")
             return f"gradio_{name}", 200
         except Exception as e:  # gradio_client raises the server's gr.Error (e.g. busy)
-            return f"gradio_{name}", type(e).__name__
+            return f"gradio_{name}", type(e).__name__, str(e)
 
     def gradio_raw(self, rng):
         """A raw /gradio_api/call whose event stream is read to the end, or abandoned early."""
@@ -239,7 +242,10 @@ class Soak:
                 send("continue-task", {"input": {"text": piece}})
             send("finish-task", {"input": {}})
             end = _until(ws, leave, lambda m: m["header"]["event"] in ("task-finished", "task-failed"))
-            return ("ws_pai", "left") if end is None else (f"ws_pai{'_bad' if bad else ''}", end["header"]["event"])
+            if end is None:
+                return "ws_pai", "left"
+            h = end["header"]
+            return f"ws_pai{'_bad' if bad else ''}", h["event"], h.get("error_message")
 
     def ws_openai(self, rng):
         """The OpenAI-style streaming socket: session.config, text deltas, input.done, audio to done."""
@@ -252,7 +258,9 @@ class Soak:
                 ws.send(json.dumps({"type": "input.text", "delta": piece}))
             ws.send(json.dumps({"type": "input.done"}))
             end = _until(ws, leave, lambda m: m["type"] in ("speech.audio.done", "error"))
-            return "ws_openai", "left" if end is None else end["type"]
+            if end is None:
+                return "ws_openai", "left"
+            return "ws_openai", end["type"], (end.get("error") or {}).get("message")
 
     def client(self, i: int) -> None:
         from gradio_client import Client
@@ -273,10 +281,10 @@ class Soak:
                 continue
             fn = rng.choice(kinds)
             try:
-                kind, status = fn(rng)
-                self.record(kind, "left" if status is None else status)
+                kind, status, *error = fn(rng)
+                self.record(kind, "left" if status is None else status, *error)
             except Exception as e:
-                self.record(getattr(fn, "__name__", "gradio"), type(e).__name__)
+                self.record(getattr(fn, "__name__", "gradio"), type(e).__name__, str(e))
         shutil.rmtree(scratch, ignore_errors=True)
 
     def hold(self, threads: list[threading.Thread]) -> None:
@@ -353,6 +361,10 @@ def run(app: AppProcess, args: argparse.Namespace, seconds: float, warmup: float
         by_kind.setdefault(kind, Counter())[str(status)] += n
     for kind in sorted(by_kind):
         print(f"  {kind:>20}: " + ", ".join(f"{s} x{n}" for s, n in sorted(by_kind[kind].items())))
+    if soak.errors:
+        print("error messages (a failed task, an error event, a client-side exception):")
+        for (kind, message), n in sorted(soak.errors.items(), key=lambda kv: -kv[1]):
+            print(f"  {kind:>20} x{n}: {message}")
     slack = args.slack_mb
     # temp: results/ and gradio/ are each pruned to --results_max_mb (every 30 s and after each write)
     checks = [

@@ -21,6 +21,8 @@ _URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>)\],;]+")
 _HOST_PORT = re.compile(r"\b(?:\d{1,3}(?:\.\d{1,3}){3}|localhost|\[[0-9a-fA-F:]+\]):\d{1,5}\b")
 _PROMPT_FILE = re.compile(r"prompt audio file '[^']*'")
 _PATH = re.compile(r"(?<![\w.:/])/(?:[^\s'\"/<>]+/)+[^\s'\"/<>]*")
+# our own HTTP routes, which messages name to tell a client what to call: not server paths
+_ROUTE = re.compile(r"/(?:api|api-ws|v1|gradio_api)/")
 
 
 class CosyError(Exception):
@@ -130,7 +132,7 @@ def public_message(message: str, echoed: tuple[str, ...] = ()) -> str:
     message = _URL.sub("<backend>", message)
     message = _HOST_PORT.sub("<backend>", message)
     message = _PROMPT_FILE.sub("the prompt audio", message)
-    return _PATH.sub("<file>", message)
+    return _PATH.sub(lambda m: m[0] if _ROUTE.match(m[0]) else "<file>", message)
 
 
 def error_type(status: int) -> str:

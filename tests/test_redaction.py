@@ -101,3 +101,18 @@ def test_websocket_errors_name_no_backend_address(dead):
         assert "LM backend" in text, text
         _hidden(text, port)
 
+
+
+@pytest.mark.quick
+def test_public_message_keeps_our_routes_and_the_clients_words_and_hides_the_rest():
+    from cosy.errors import public_message
+    # the soak found "GET <file> lists them": a route we name for the client is not a server path
+    assert public_message("unknown reference audio (voice) id 'x': GET /api/v1/audio/reference_audio lists them") \
+        == "unknown reference audio (voice) id 'x': GET /api/v1/audio/reference_audio lists them"
+    for route in ("/v1/audio/speech", "/api-ws/v1/inference", "/gradio_api/call/zero_shot"):
+        assert public_message(f"use {route} instead") == f"use {route} instead"
+    assert public_message("cannot read /data/uploads/ab12.wav any more") == "cannot read <file> any more"
+    assert public_message("the LM backend at http://10.0.0.7:8000/v1 answered 503") \
+        == "the LM backend at <backend> answered 503"
+    assert public_message("at 10.0.0.7:8000/v1/completions: refused") == "at <backend>/v1/completions: refused"
+    assert public_message("no route /srv/x/y", echoed=("/srv/x/y",)) == "no route /srv/x/y"
