@@ -8,7 +8,8 @@ saves one voice, writes a manifest of --lines lines (that voice, seeds 0..n-1, -
 stops, so it runs to 20 speech tokens per text token, about 100 for the default), then, against that backend:
 the loop (`python -m cosy --mode voice ...` once per line, each process loading the model) and the batch
 command at each --workers (a frontend's worth of workers each). Prints wall time, audio seconds and audio
-seconds per wall second of each, and checks that the same seeds gave the same audio. Both count their own
+seconds per wall second of each, and checks that the same seeds gave the same audio (the same lengths,
+samples within 1e-3: batched rows differ from solo ones at float rounding). Both count their own
 start-up, as a user running them would.
 """
 from __future__ import annotations
@@ -63,7 +64,8 @@ def main() -> int:
     work = args.keep or Path(tempfile.mkdtemp(prefix="cosy-bench-batch-"))
     work.mkdir(parents=True, exist_ok=True)
     backend, url = start_backend(md, 8131, KEY, ("--nice", str(args.nice)))
-    remote = ("--llm_base_url", url, "--llm_api_key", KEY, "--llm_stall_timeout", "120")
+    remote = ("--llm_base_url", url, "--llm_api_key", KEY)
+    patient = ("--llm_stall_timeout", "120")  # the frontend's flag (the single CLI has none): a full batch waits
     try:
         data = work / "data"
         cosy("--model_dir", md, "--data_dir", data, "--mode", "zero_shot", "--text", "你好。", "--prompt_text",
@@ -87,20 +89,25 @@ def main() -> int:
             out = work / f"batch-w{w}"
             start = time.monotonic()
             cosy("batch", manifest, "--out", out, "--model_dir", md, "--data_dir", data, "--workers", w,
-                 "--max_batch", args.max_batch, "--progress", "log", *remote)
+                 "--max_batch", args.max_batch, "--progress", "log", *remote, *patient)
             rows.append((f"batch, --workers {w}", time.monotonic() - start, audio_seconds(out), out))
 
         print(f"\n{'run':<28} {'wall s':>8} {'audio s':>8} {'audio s / wall s':>17} {'vs loop':>8}")
         for name, wall, audio, _ in rows:
             print(f"{name:<28} {wall:>8.1f} {audio:>8.1f} {audio / wall:>17.3f} "
                   f"{(audio / wall) / (rows[0][2] / rows[0][1]):>7.2f}x")
-        same = []
-        for _, _, _, folder in rows[1:]:
+        # batched rows equal their solo runs at float rounding, which HiFT's phase integral grows with the
+        # length (README "Batching and exactness"): the same length (the same speech tokens) and close samples
+        ok = True
+        for name, _, _, folder in rows[1:]:
+            lengths, worst = 0, 0.0
             for x in lines:
                 a, b = sf.read(loop / f"{x['id']}.wav")[0], sf.read(folder / f"{x['id']}.wav")[0]
-                same.append(a.shape == b.shape and float(np.abs(a - b).max()) <= 1 / 32768)
-        print(f"same audio as the loop for the same seeds: {sum(same)} of {len(same)} files")
-        return 0 if all(same) else 1
+                lengths += a.shape == b.shape
+                worst = max(worst, float(np.abs(a - b).max())) if a.shape == b.shape else worst
+            print(f"{name}: the loop's length in {lengths} of {len(lines)} files, max abs difference {worst:.2e}")
+            ok &= lengths == len(lines) and worst <= 1e-3
+        return 0 if ok else 1
     finally:
         os.killpg(backend.pid, signal.SIGTERM)
         backend.wait(60)

@@ -37,6 +37,12 @@ def pytest_configure(config):
         os.environ[name] = str(root / sub)
     os.environ["COSY_TEST_SANDBOX"] = str(root)
     tempfile.tempdir = None  # gettempdir() reads TMPDIR again
+    # pytest-xdist's workers share the cores: each one's torch (and the CLIs it runs) gets its share of them.
+    # Two workers of two OpenMP threads each on two cores spin at every parallel region's barrier: the quick
+    # tier took 217 s that way, 76 s with one thread each (same machine, one after the other)
+    workers = getattr(config.option, "numprocesses", None)
+    if isinstance(workers, int) and workers > 1:
+        os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // workers)))
 
 
 def reference_entries(section: str, path: Path = STATE_DICT_LIST) -> list[tuple[str, tuple[int, ...], str]]:
@@ -80,6 +86,18 @@ def full_model_dir(tmp_path_factory) -> Path:
 PEAKED_BIAS = {10: 4.5, 20: 4.3, 30: 4.1, 40: 3.9, 50: 3.7, 60: 3.5, 70: 3.3, 80: 3.1, 6561: 9.0}
 
 
+def cap_lm(engine, cap: int) -> None:
+    """Each `engine.lm.generate` call ends by max(min_len, cap) tokens. A random LM seldom samples its stop
+    token, so it runs to max_len (20 speech tokens per text token: 300 for a 15-token sentence); a test of
+    equality or lengths needs a few streaming chunks (28, then 25 tokens each), not that."""
+    generate = engine.lm.generate
+
+    def capped(prompt_embeds, min_len, max_len, *args, **kw):
+        return generate(prompt_embeds, min_len, min(max_len, max(min_len, cap)), *args, **kw)
+
+    engine.lm.generate = capped
+
+
 def copy_lm_files(src: Path, dst: Path) -> Path:
     """A model dir at `dst` with only what the backend reads from `src` (the yaml, llm.pt, the Qwen dir)."""
     import shutil
@@ -116,7 +134,7 @@ SHARED_BACKENDS = {"backend": "tiny_model_dir", "cv3_backend": "tiny_cv3_model_d
 
 # The modules whose tests use a session backend (SHARED_BACKENDS): the README's parallel run keeps them on one
 # worker, so that each backend is launched once (checked against the fixtures at collection)
-BACKEND_MODULES = {"test_app", "test_backend_cv3", "test_backend_server", "test_batch", "test_bistream",
+BACKEND_MODULES = {"test_app", "test_backend_cv3", "test_backend_server", "test_batch_shards", "test_bistream",
                    "test_cv3_e2e", "test_deployment", "test_faults", "test_lifecycle", "test_lm_client", "test_router"}
 
 

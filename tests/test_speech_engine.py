@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import ASSETS
+from conftest import ASSETS, cap_lm
 
 from cosy.errors import Cancelled, JobError
 from cosy.pipeline.engine import Engine, SynthesisRequest
@@ -26,6 +26,8 @@ TEXTS = ["今天天气很好。", "我们一起去公园散步，看看花草树
 def engines(tiny_model_dir):
     old = Engine.from_model_dir(tiny_model_dir)  # today's path: recompute, batch 1, no scheduler
     new = Engine.from_model_dir(tiny_model_dir, cache_mb=256)
+    for e in (old, new):
+        cap_lm(e, 90)  # three streaming chunks and more; the random LM would run to 300 tokens
     new.speech_runner = SpeechScheduler().run
     return old, new
 
@@ -192,7 +194,7 @@ def test_pool_holds_max_batch_requests_per_worker(tiny_model_dir):
         pool.close()
 
 
-def test_flow_batch_flag_defaults_per_device_and_a_batching_pool_equals_solo(tiny_model_dir, engines):
+def test_flow_batch_flag_defaults_per_device_and_a_batching_pool_equals_solo(tiny_model_dir):
     from cosy.frontend import server
 
     args = server.parse_args(["--model_dir", str(tiny_model_dir)])
@@ -202,7 +204,7 @@ def test_flow_batch_flag_defaults_per_device_and_a_batching_pool_equals_solo(tin
     with pytest.raises(SystemExit):
         server.parse_args(["--model_dir", str(tiny_model_dir), "--flow_batch", "0"])
     # a worker whose four whole-utterance flows may share one padded batch: each equals its solo run
-    old, _ = engines
+    old = Engine.from_model_dir(tiny_model_dir)  # its LM uncapped, as the pool's worker
     reqs = [SynthesisRequest(mode="zero_shot", text=TEXTS[i], prompt_text=ZS_TEXT, prompt_wav=str(ZS_WAV), seed=i)
             for i in range(4)]
     solo = [np.concatenate([c.numpy() for c in old.synthesize(r)]) for r in reqs]
