@@ -13,7 +13,7 @@ import pytest
 from servers import App
 
 from cosy.deploy.backend import Child, parse_args, vllm_command
-from cosy.deploy.cpus import format_cpus, parse_cpus
+from cosy.deploy.cpus import format_cpus, parse_cpus, usable_cores, worker_threads
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,6 +25,17 @@ def test_cpu_lists_parse_and_format():
                        ("-1", "is not a number")):
         with pytest.raises(ValueError, match=words):
             parse_cpus(bad)
+
+
+@pytest.mark.quick
+def test_worker_threads_take_omp_num_threads_else_a_share_of_the_cores(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert worker_threads(1) == usable_cores() and worker_threads(10**6) == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the operator's word, as torch takes it
+    assert worker_threads(1) == worker_threads(4) == 3
+    for junk in ("", "0", "-2", "two"):
+        monkeypatch.setenv("OMP_NUM_THREADS", junk)
+        assert worker_threads(1) == usable_cores()
 
 
 def test_pin_restricts_the_process_and_names_missing_cpus():

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["allowed_cpus", "format_cpus", "lower_priority", "parse_cpus", "pin", "usable_cores"]
+__all__ = ["allowed_cpus", "format_cpus", "lower_priority", "parse_cpus", "pin", "usable_cores", "worker_threads"]
 
 MAX_NICE = 19
 
@@ -58,6 +58,16 @@ def allowed_cpus() -> list[int]:
 
 def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) or 1
+
+
+def worker_threads(n_workers: int) -> int:
+    """Threads for each of `n_workers` processes sharing this process's cores: OMP_NUM_THREADS when it is set
+    (the operator's word, as torch itself takes it), else an equal share of the usable cores."""
+    try:
+        wanted = int(os.environ.get("OMP_NUM_THREADS", ""))
+    except ValueError:
+        wanted = 0
+    return wanted if wanted > 0 else max(1, usable_cores() // n_workers)
 
 
 def pin(text: str) -> list[int]:

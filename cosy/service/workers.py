@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from cosy.deploy.cpus import usable_cores
+from cosy.deploy.cpus import worker_threads
 from cosy.errors import Busy, Cancelled, JobError, Unavailable
 from cosy.pipeline.request import SynthesisRequest
 from cosy.prompt.encoder import PromptFeatures
@@ -104,7 +104,7 @@ class WorkerPool:
     def worker_spec(self, index: int) -> EngineSpec:
         """Worker `index`'s spec: its device from the pool's list (round-robin), its share of the cores."""
         spec = self.spec
-        threads = spec.threads or max(1, usable_cores() // self.n_workers)  # share the cores we may use
+        threads = spec.threads or worker_threads(self.n_workers)  # OMP_NUM_THREADS, or a share of the cores
         return EngineSpec(**{**vars(spec), "threads": threads, "device": device_of_worker(spec.device, index)})
 
     def _spawn(self, ctx, index: int):
