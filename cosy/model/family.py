@@ -113,6 +113,8 @@ class ModelFamily:
     # prompt from the caller); False: the marker is appended when missing (CosyVoice2)
     instruct_requires_end: bool = False
     instruct_example: str = "用粤语说这句话"  # shown in the error for a bad instruction
+    # the tokenizer has phoneme tokens ([ch][óng], [AH0]: CosyVoice3), which SSML's <phoneme> is written into
+    phoneme_tags: bool = False
     # valid instructions the WebUI offers (the first is its placeholder)
     instruct_examples: tuple[str, ...] = ("用四川话说这句话", "用粤语说这句话", "用开心的语气说", "用伤心的语气说",
                                           "Speak slowly and softly.", "Speak with great excitement!")

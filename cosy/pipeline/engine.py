@@ -32,12 +32,15 @@ from cosy.model.families.cosyvoice2 import FAMILY as COSYVOICE2
 from cosy.model.family import ModelFamily, import_object
 from cosy.model.files import ModelDir
 from cosy.model.precision import resolve_dtype, set_tf32
-from cosy.pipeline.lm_input import lm_input, lm_prompt
+from cosy.pipeline.lm_input import LMInput, lm_input, lm_prompt
 from cosy.pipeline.request import LM_DUPLEX_SEGMENT_TOKENS, SynthesisError, SynthesisRequest
 from cosy.pipeline.token2wav import FlowPrompt, Token2Wav, load_token2wav
 from cosy.prompt.encoder import PromptFeatures, VoicePromptEncoder
 from cosy.speech.scheduler import Batch
 from cosy.text.frontend import TextFrontend
+from cosy.text.ssml import Break
+from cosy.text.split import is_only_punctuation
+from cosy.text.ssml_text import spoken_runs
 from cosy.text.stream import sentence_parts, stream_pieces
 from cosy.text.tokenizer import TextTokenizer
 
@@ -127,17 +130,49 @@ class Engine:
             tokens = self.prompts.speech_tokens(_load16k(req.source_wav))
             yield from self._token2wav(iter(tokens.flatten().tolist()), flow_prompt, req, seed)
             return
-        inputs = lm_input(self.text, self.family, req.mode, req.text, req.prompt_text, req.instruct_text,
-                          features.speech_tokens.flatten().tolist())
-        prompt_text_ids, prompt_speech = inputs.prompt_text, inputs.prompt_speech
-        for i, (segment, text_ids) in enumerate(inputs.segments):
+        speech = features.speech_tokens.flatten().tolist()
+        if req.ssml:
+            yield from self._ssml(req, speech, flow_prompt, seed)
+            return
+        inputs = lm_input(self.text, self.family, req.mode, req.text, req.prompt_text, req.instruct_text, speech)
+        yield from self._speak(inputs, flow_prompt, req, seed)
+
+    def _speak(self, inputs: LMInput, flow_prompt: FlowPrompt, req: SynthesisRequest, seed: int,
+               first: int = 0) -> Iterator[Tensor]:
+        """Each text segment through the LM and token2wav, in order; segment i seeded seed + first + i."""
+        for i, (segment, text_ids) in enumerate(inputs.segments, first):
             log.debug("segment %d: %s", i, segment)
-            embeds = self._prompt_embeds(text_ids, prompt_text_ids, prompt_speech)
+            embeds = self._prompt_embeds(text_ids, inputs.prompt_text, inputs.prompt_speech)
             min_len, max_len = self.family.length_limits(len(text_ids))
             params = dataclasses.replace(self.lm.sampling, greedy=True) if req.greedy else None
             tokens = drop_long_silence(self.lm.generate(embeds, min_len, max_len, seed=seed + i, params=params),
                                        self.family.tokens)
             yield from self._token2wav(tokens, flow_prompt, req, seed + i)
+
+    def _ssml(self, req: SynthesisRequest, speech: list[int], flow_prompt: FlowPrompt,
+              seed: int) -> Iterator[Tensor]:
+        """An SSML text: its runs spoken as plain text is (segments numbered on across runs, so a document
+        without breaks is its plain text's seeds and segments), each break as exactly that many zero
+        samples, at the document's rate (times req.speed) and gain."""
+        doc = req.ssml_document()
+        req = dataclasses.replace(req, speed=req.speed * doc.speed, ssml=False)
+        n = 0
+        for part in spoken_runs(doc, self.family.phoneme_tags):
+            if isinstance(part, Break):
+                yield torch.zeros(part.ms * self.sample_rate // 1000)
+                continue
+            if part.plain and is_only_punctuation(part.text.strip()):  # blanks, or the full stop after a break
+                continue
+            if part.plain or req.mode == "cross_lingual" and self.family.system_prompt:  # (no normalization)
+                inputs = lm_input(self.text, self.family, req.mode, part.text, req.prompt_text, req.instruct_text,
+                                  speech)
+            else:
+                prompt_ids, prompt_speech = lm_prompt(self.text, self.family, req.mode, req.prompt_text,
+                                                      req.instruct_text, speech)
+                inputs = LMInput(prompt_ids, prompt_speech, self.text.tagged_segments(part.pieces))
+            for chunk in self._speak(inputs, flow_prompt, req, seed, n):
+                yield chunk * doc.volume if doc.volume != 1.0 else chunk
+            n += len(inputs.segments)
 
     def synthesize_duplex(self, req: SynthesisRequest, pieces: Iterable[str],
                           on_text: Callable[[str], None] | None = None) -> Iterator[Tensor]:

@@ -72,6 +72,7 @@ class SynthesisRequest:
     seed: int | None = None
     greedy: bool = False  # argmax decoding instead of RAS (comparisons between LM engines)
     duplex: bool = False  # the text arrives in pieces while audio streams out (`Engine.synthesize_duplex`)
+    ssml: bool = False  # `text` is an SSML document (`cosy.text.ssml`): breaks, sub, say-as, phoneme, rate, volume
 
     def check(self) -> "SynthesisRequest":
         """Raise SynthesisError naming the first field that breaks a rule; returns self."""
@@ -88,7 +89,24 @@ class SynthesisRequest:
             raise SynthesisError("mode 'vc' has no text to stream")
         if self.mode != "vc" and not self.duplex:  # duplex: the pieces are checked as they arrive
             check_text(self.text, "text", MAX_TEXT_CHARS)
+        if self.ssml:
+            self.ssml_document()
         return self
+
+    def ssml_document(self):
+        """The parsed SSML text (`cosy.text.ssml.Ssml`), checked: something to speak, a mode with text, the
+        document's rate times `speed` within SPEED_RANGE. SynthesisError (or SsmlError, with the position)."""
+        from cosy.text.ssml import parse
+        if self.mode == "vc" or self.duplex:
+            raise SynthesisError("SSML needs the whole text in one piece" if self.duplex
+                                 else "mode 'vc' has no text to mark up with SSML")
+        doc = parse(self.text)
+        check_text(doc.text, "the SSML document's text", MAX_TEXT_CHARS)
+        low, high = SPEED_RANGE
+        if not low <= self.speed * doc.speed <= high:
+            raise SynthesisError(f"speed {self.speed:g} times the SSML rate {doc.speed:g} is out of range "
+                                 f"({low} to {high})")
+        return doc
 
     def to_wire(self) -> dict:
         """Plain values and numpy arrays (picklable, no torch tensors); `prompt_wav` must be a path."""

@@ -75,6 +75,18 @@ class TextFrontend:
         """Token ids of already normalized text (no normalization here)."""
         return self.tokenizer.encode(text)
 
+    def tagged_segments(self, pieces: list[tuple[str, str]]) -> list[tuple[str, list[int]]]:
+        """Segments and ids of a text whose ("text", s) pieces are normalized one by one and whose ("tags", s)
+        pieces (phoneme tokens, which normalization would break) are kept as they are, then split into
+        sentences as a whole (SSML's <phoneme>, `cosy.text.ssml_text`)."""
+        joined = "".join(self.normalize(s, split=False)[0] if kind == "text" and s.strip() else s
+                         for kind, s in pieces).strip()
+        if not joined:
+            return []
+        zh = contains_chinese(joined)
+        parts = split_paragraph(joined, "zh" if zh else "en", None if zh else self._length)
+        return [(p, self.encode(p)) for p in parts if not is_only_punctuation(p)]
+
     def segments(self, text: str) -> list[tuple[str, list[int]]]:
         """normalize(text) and the token ids of each segment."""
         return [(s, self.encode(s)) for s in self.normalize(text, split=True)]

@@ -40,6 +40,7 @@ FAMILY = ModelFamily(
     lm_head_bias=False,
     text_specials="cosy.text.specials:COSYVOICE3",
     system_prompt="You are a helpful assistant.<|endofprompt|>",
+    phoneme_tags=True,
     bistream_prefix_end=151646,  # <|endofprompt|>
     instruct_requires_end=True,
     instruct_example="You are a helpful assistant. 请用广东话表达。<|endofprompt|>",
