@@ -2,7 +2,7 @@
 
     python -m cosy --model_dir DIR --mode zero_shot|cross_lingual|instruct|voice|vc --text T
         [--prompt_text T --prompt_wav F --instruct_text T --voice_id ID --source_wav F]
-        [--stream] [--speed S] [--seed N] [--save_voice ID] [--data_dir D]
+        [--stream] [--ssml] [--speed S] [--seed N] [--save_voice ID] [--data_dir D]
         [--llm_base_url URL[,URL...] --llm_api_key KEY] [--device cuda --dtype bfloat16] --out out.wav
 
     python -m cosy batch MANIFEST --out DIR [--shard i/n] [frontend flags]   (cosy.batch.cli)
@@ -39,6 +39,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--stream", action="store_true", help="synthesize in streaming chunks")
     p.add_argument("--speed", type=float, default=1.0, help=f"{SPEED_RANGE[0]} to {SPEED_RANGE[1]}")
     p.add_argument("--seed", type=int, help="same seed + same inputs = same audio")
+    p.add_argument("--ssml", action="store_true", help="--text is an SSML document (README 'SSML': breaks, sub, "
+                   "say-as, phoneme, rate, volume)")
     p.add_argument("--greedy", action="store_true", help="argmax decoding instead of RAS sampling "
                    "(to compare the embedded LM with a backend)")
     p.add_argument("--ttsfrd_dir", help="CosyVoice-ttsfrd resource dir (text normalization; wetext otherwise)")
@@ -84,9 +86,10 @@ def main(argv: list[str] | None = None) -> int:
                                prompt_wav=args.prompt_wav, instruct_text=args.instruct_text,
                                voice=voice.features if voice else None, source_wav=args.source_wav,
                                stream=args.stream, speed=args.speed, seed=args.seed,
-                               greedy=args.greedy)
+                               greedy=args.greedy, ssml=args.ssml)
         if voice is not None:
             req.prompt_text = voice.prompt_text
+        req.check()  # a bad request (malformed SSML ...) writes no file
         if args.save_voice:
             if not args.prompt_wav:
                 raise SynthesisError("--save_voice needs --prompt_wav and --prompt_text")

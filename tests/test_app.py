@@ -22,10 +22,10 @@ ZS_WAV = str(ASSETS / "zero_shot_prompt.wav")
 CL_WAV = str(ASSETS / "cross_lingual_prompt.wav")
 ZS_TEXT = "希望你以后能够做的比我还好呦。"
 ENDPOINTS = {
-    "/zero_shot": ["tts_text", "prompt_text", "prompt_wav", "seed", "speed"],
-    "/cross_lingual": ["tts_text", "prompt_wav", "seed", "speed"],
-    "/instruct": ["tts_text", "instruct_text", "prompt_wav", "seed", "speed"],
-    "/saved_voice": ["tts_text", "voice_id", "seed", "speed"],
+    "/zero_shot": ["tts_text", "prompt_text", "prompt_wav", "seed", "speed", "enable_ssml"],
+    "/cross_lingual": ["tts_text", "prompt_wav", "seed", "speed", "enable_ssml"],
+    "/instruct": ["tts_text", "instruct_text", "prompt_wav", "seed", "speed", "enable_ssml"],
+    "/saved_voice": ["tts_text", "voice_id", "seed", "speed", "enable_ssml"],
     "/save_voice": ["voice_id", "prompt_text", "prompt_wav"],
     "/list_voices": [],
 }

@@ -4,6 +4,7 @@
     {"id": "u002", "text": "Hello", "prompt_wav": "prompts/bob.wav", "prompt_text": "...", "seed": 7}
     {"id": "u003", "text": "...", "mode": "instruct", "prompt_wav": "bob.wav", "instruct_text": "用四川话说这句话"}
     {"id": "u004", "text": "...", "prompt_wav": "bob.wav", "format": "mp3", "sample_rate": 16000, "speed": 1.1}
+    {"id": "u005", "text": "<speak>你好<break time=\"300ms\"/>再见</speak>", "voice_id": "alice", "ssml": true}
 
 `mode` defaults to `voice` with a `voice_id`, else `zero_shot` with a `prompt_text`, else `cross_lingual`.
 Relative `prompt_wav` paths are read from the manifest's folder. A line is assigned to a shard by its number
@@ -16,6 +17,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from cosy.errors import BadRequest
 from cosy.frontend.encoding import FORMATS
 from cosy.pipeline.request import (
     SAMPLE_RATE_RANGE,
@@ -28,7 +30,7 @@ from cosy.pipeline.request import (
 # ids become file names: 1-128 of [A-Za-z0-9_.-], starting with a letter or digit
 ITEM_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 FIELDS = ("id", "text", "mode", "voice_id", "prompt_wav", "prompt_text", "instruct_text", "speed", "seed",
-          "format", "sample_rate")
+          "format", "sample_rate", "ssml")
 
 
 @dataclass
@@ -70,7 +72,7 @@ def parse_line(raw: str, number: int, base: Path, default_rate: int) -> BatchIte
                                      "digits, '_', '-' or '.', starting with a letter or digit")
     try:
         return _item(obj, item_id, number, base, default_rate)
-    except SynthesisError as e:
+    except BadRequest as e:  # SynthesisError, SsmlError (with the line and column in the text)
         return BadLine(item_id, number, str(e))
 
 
@@ -99,12 +101,15 @@ def _item(obj: dict, item_id: str, number: int, base: Path, default_rate: int) -
     rate = default_rate if obj.get("sample_rate") is None else check_range(obj["sample_rate"], "sample_rate",
                                                                            *SAMPLE_RATE_RANGE, kind=int)
     speed = 1.0 if obj.get("speed") is None else check_range(obj["speed"], "speed", 0.0, 1e9)
+    ssml = obj.get("ssml", False)
+    if not isinstance(ssml, bool):
+        raise SynthesisError(f"ssml must be true or false, got {ssml!r}")
     seed = obj.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise SynthesisError(f"seed must be a whole number, got {seed!r}")
     req = SynthesisRequest(mode=mode, text=obj.get("text") or "", prompt_text=obj.get("prompt_text") or "",
                            prompt_wav=prompt_wav, instruct_text=obj.get("instruct_text") or "",
-                           voice_id=voice_id, speed=speed, seed=seed).check()
+                           voice_id=voice_id, speed=speed, seed=seed, ssml=ssml).check()
     return BatchItem(item_id, number, req, fmt, int(rate))
 
 

@@ -32,7 +32,7 @@ from gradio import FileData
 from gradio.utils import get_upload_folder, is_in_or_equal
 
 from cosy.errors import BadRequest, CosyError, JobError, public_message
-from cosy.frontend import store
+from cosy.frontend import gradio_compat, store
 from cosy.frontend.encoding import wav_bytes
 from cosy.frontend.service import FrontendService
 from cosy.pipeline.request import SynthesisRequest, as_number, clean_filename
@@ -201,34 +201,36 @@ def register(service: FrontendService) -> None:
     blocks = Context.root_block  # its queue knows whether a call's client is still there
 
     def zero_shot(tts_text: str, prompt_text: str, prompt_wav: FileData, seed: int = 0,
-                  speed: float = 1.0, request: gr.Request = None) -> FileData:
+                  speed: float = 1.0, enable_ssml: bool = False, request: gr.Request = None) -> FileData:
         """3s极速复刻 Zero-shot clone: speak tts_text in the voice of prompt_wav (3-30 s), whose transcript
         is prompt_text. Returns a 24 kHz wav."""
         with left_watch(blocks, request, "zero_shot") as left:
             return _synthesize(service, "zero_shot", seed, speed, prompt_wav, left, text=tts_text,
-                               prompt_text=prompt_text)
+                               prompt_text=prompt_text, ssml=bool(enable_ssml))
 
     def cross_lingual(tts_text: str, prompt_wav: FileData, seed: int = 0, speed: float = 1.0,
-                      request: gr.Request = None) -> FileData:
+                      enable_ssml: bool = False, request: gr.Request = None) -> FileData:
         """跨语种复刻 Cross-lingual: the voice of prompt_wav (any language, no transcript) speaking tts_text.
         Returns a 24 kHz wav."""
         with left_watch(blocks, request, "cross_lingual") as left:
-            return _synthesize(service, "cross_lingual", seed, speed, prompt_wav, left, text=tts_text)
+            return _synthesize(service, "cross_lingual", seed, speed, prompt_wav, left, text=tts_text,
+                               ssml=bool(enable_ssml))
 
     def instruct(tts_text: str, instruct_text: str, prompt_wav: FileData, seed: int = 0,
-                 speed: float = 1.0, request: gr.Request = None) -> FileData:
+                 speed: float = 1.0, enable_ssml: bool = False, request: gr.Request = None) -> FileData:
         """自然语言控制 Instruct: the voice of prompt_wav speaking tts_text as instruct_text asks (e.g.
         用四川话说这句话, Speak slowly and softly). Returns a 24 kHz wav."""
         with left_watch(blocks, request, "instruct") as left:
             return _synthesize(service, "instruct", seed, speed, prompt_wav, left, text=tts_text,
-                               instruct_text=instruct_text)
+                               instruct_text=instruct_text, ssml=bool(enable_ssml))
 
     def saved_voice(tts_text: str, voice_id: str, seed: int = 0, speed: float = 1.0,
-                    request: gr.Request = None) -> FileData:
+                    enable_ssml: bool = False, request: gr.Request = None) -> FileData:
         """预设音色 Saved voice: speak tts_text with a voice saved earlier (/save_voice). Returns a 24 kHz
         wav."""
         with left_watch(blocks, request, "saved_voice") as left:
-            return _synthesize(service, "voice", seed, speed, None, left, text=tts_text, voice_id=voice_id)
+            return _synthesize(service, "voice", seed, speed, None, left, text=tts_text, voice_id=voice_id,
+                               ssml=bool(enable_ssml))
 
     def save_voice(voice_id: str, prompt_text: str, prompt_wav: FileData, request: gr.Request = None) -> dict:
         """Save prompt_wav and its transcript as voice voice_id, shared by every frontend on this data
@@ -246,3 +248,4 @@ def register(service: FrontendService) -> None:
 
     for fn in (zero_shot, cross_lingual, instruct, saved_voice, save_voice, list_voices):
         gr.api(fn, api_name=fn.__name__)
+        gradio_compat.note(fn, fn.__name__)  # raw calls without the later `enable_ssml` still work

@@ -6,7 +6,8 @@
 Fields: model (any name), input, voice (a reference-audio id or saved voice id, or {"id": ...}),
 instructions (-> instruct mode, "用四川话说这句话"; without: zero-shot with the voice's saved transcript),
 response_format mp3 (default) | opus | aac | flac | wav | pcm (24 kHz s16le mono), speed 0.25-4.0,
-stream_format audio (default) | sse, and `seed` (an extension: same seed, same audio).
+stream_format audio (default) | sse, and the extensions `seed` (same seed, same audio) and `enable_ssml`
+(`input` is SSML).
 
 stream_format audio: the encoded file as a chunked body, bytes sent as soon as the codec has them (flac
 is sent when complete: its header holds the length). sse: `data: {"type": "speech.audio.delta", "audio":
@@ -55,6 +56,7 @@ class OpenAISpeech(BaseModel):
     speed: float = Field(1.0, ge=0.25, le=4.0)
     stream_format: Literal["audio", "sse"] = "audio"
     seed: int | None = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
+    enable_ssml: bool = False  # an extension: `input` is SSML (README "SSML")
 
 
 async def _audio(pieces: AsyncIterator[Piece], request_id: str) -> AsyncIterator[bytes]:
@@ -94,7 +96,8 @@ def build_openai_router(service: FrontendService, refs: ReferenceAudios, depende
         instruct = body.instructions.strip()
         # without instructions: zero-shot with the voice's stored transcript (our mode 'voice')
         synthesis = SynthesisRequest(mode="instruct" if instruct else "voice", text=body.input, voice_id=voice,
-                                     instruct_text=instruct, speed=speed, seed=body.seed, stream=True)
+                                     instruct_text=instruct, speed=speed, seed=body.seed, stream=True,
+                                     ssml=body.enable_ssml)
         req = SpeechRequest(synthesis, "openai", fmt=body.response_format, sample_rate=service.sample_rate)
         pieces = await open_speech(service, refs, req, received, request)  # a client leaving cancels the job
         headers = {"X-Request-Id": request_id, "X-Cosy-Speed": f"{speed:g}"}

@@ -104,10 +104,11 @@ class PaiOptions(BaseModel):
     output_format: Literal[FORMATS] | None = Field(None, description="wav (default), mp3, pcm, flac, opus, aac")
     debug: bool | None = None
     seed: int | None = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1], description="an extension: reproducible")
+    enable_ssml: bool | None = Field(None, description="the text is SSML (README 'SSML'); default false")
 
 
 OPTION_DEFAULTS = {"sample_rate": 24000, "bit_rate": DEFAULT_BIT_RATE, "volume": 1.0, "speed": 1.0,
-                   "output_format": "wav", "debug": False, "seed": None}
+                   "output_format": "wav", "debug": False, "seed": None, "enable_ssml": False}
 
 
 class PaiInput(PaiOptions):
@@ -227,7 +228,7 @@ def build_pai_router(service: FrontendService, refs: ReferenceAudios, dependenci
         o = resolve_options(body)
         synthesis = SynthesisRequest(mode=MODES[inp.mode], text=inp.text, voice_id=inp.reference_audio_id,
                                      instruct_text=inp.instruct, speed=o["speed"], seed=o["seed"],
-                                     stream=body.stream)
+                                     stream=body.stream, ssml=o["enable_ssml"])
         req = SpeechRequest(synthesis, "pai", fmt=o["output_format"], sample_rate=o["sample_rate"],
                             bit_rate=o["bit_rate"], volume=o["volume"])
         pieces = await open_speech(service, refs, req, received, request)  # a client leaving cancels the job

@@ -235,7 +235,7 @@ def build_app(service: FrontendService, workers: int, max_queue: int,
     mounted at '/' (a mount matches every path below it, so routes must come before it)."""
     import gradio as gr
 
-    from cosy.frontend import gradio_api, webui
+    from cosy.frontend import gradio_api, gradio_compat, webui
 
     app = FastAPI(title="cosy", docs_url=None, redoc_url=None)  # "/" and below belong to gradio
     for extend in extensions:
@@ -249,6 +249,7 @@ def build_app(service: FrontendService, workers: int, max_queue: int,
     blocks.queue(default_concurrency_limit=None, max_size=None)
     gr.mount_gradio_app(app, blocks, path="/", theme=webui.THEME, footer_links=["api", "gradio"],
                         max_file_size=service.data.max_upload_bytes)
+    app.add_middleware(gradio_compat.PadRawCalls)
     # gradio checks that request files were uploaded (not server paths) only once it counts as launched,
     # which launch() sets and mounting does not
     blocks.has_launched = True

@@ -32,6 +32,7 @@ from cosy.pipeline.request import (
     check_text,
 )
 from cosy.service.workers import WorkerPool
+from cosy.text.ssml_text import spoken_runs
 
 SURFACES = ("webui", "gradio_api", "pai", "openai")
 
@@ -72,6 +73,8 @@ class FrontendService:
         """Checked, with a saved voice's stored features in place of `voice_id` (no ONNX work per request;
         mode 'voice' also takes the voice's transcript as prompt text)."""
         req.check()
+        if req.ssml:  # what the workers' family cannot read (<phoneme> on CosyVoice2) is a 400 now, not mid-stream
+            spoken_runs(req.ssml_document(), self.family.phoneme_tags)
         if req.mode not in SERVED_MODES:
             raise SynthesisError(f"unknown mode {req.mode!r} (choose from {', '.join(SERVED_MODES)})")
         if req.mode == "voice" and not req.voice_id:

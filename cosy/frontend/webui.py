@@ -46,10 +46,10 @@ def _voice_ids(service: FrontendService) -> list[str]:
 
 def _request(service: FrontendService, mode: str, text: str, prompt_wav: str | None, prompt_text: str,
              instruct_text: str, voice_id: str | None, seed: float | None, speed: float,
-             stream: bool, track=None) -> SynthesisRequest:
+             stream: bool, track=None, ssml: bool = False) -> SynthesisRequest:
     """The request for the UI's current values (only the fields the mode uses)."""
     req = SynthesisRequest(mode=mode, text=text, seed=as_number(seed, "seed", int), speed=as_number(speed, "speed"),
-                           stream=stream)
+                           stream=stream, ssml=ssml)
     if mode == "voice":
         req.voice_id = voice_id
         return req
@@ -62,7 +62,7 @@ def _request(service: FrontendService, mode: str, text: str, prompt_wav: str | N
 
 
 def _generate(service: FrontendService):
-    def generate(mode, text, prompt_wav, prompt_text, instruct_text, voice_id, seed, speed, stream,
+    def generate(mode, text, prompt_wav, prompt_text, instruct_text, voice_id, seed, speed, stream, ssml=False,
                  progress=gr.Progress()):
         """Yield (streaming player, result, download, status) as audio is made."""
         start, chunks, made = time.monotonic(), [], 0.0
@@ -71,7 +71,7 @@ def _generate(service: FrontendService):
         try:
             with user_errors(), refused_uploads_removed() as track:
                 req = _request(service, mode, text, prompt_wav, prompt_text, instruct_text, voice_id, seed, speed,
-                               bool(stream), track)
+                               bool(stream), track, bool(ssml))
                 progress((0, None), desc="合成中 Synthesizing")
                 for chunk in service.stream(req, "webui"):
                     chunks.append(chunk)
@@ -149,6 +149,8 @@ def build(service: FrontendService, title: str | None = None) -> gr.Blocks:
                 speed = gr.Slider(*SPEED_RANGE, value=1.0, step=0.05, label="语速 Speed", elem_id="speed")
                 stream = gr.Checkbox(False, label="流式合成 Streaming" + ("" if can_stream else
                                      " (needs ffmpeg on the server)"), interactive=can_stream, elem_id="stream")
+                ssml = gr.Checkbox(False, label="SSML 标记 (<speak>, <break>, <sub>, <say-as>, <phoneme>)",
+                                   elem_id="ssml")
         go = gr.Button("生成音频 Generate", variant="primary", elem_id="generate")
         status = gr.Markdown(elem_id="status")
         with gr.Row():
@@ -176,7 +178,7 @@ def build(service: FrontendService, title: str | None = None) -> gr.Blocks:
         refresh.click(lambda v: gr.update(choices=(ids := _voice_ids(service)), value=v if v in ids else None),
                       voice, voice, queue=False, **PRIVATE)
         blocks.load(lambda: gr.update(choices=_voice_ids(service)), None, voice, queue=False, **PRIVATE)
-        go.click(_generate(service), [mode, text, prompt_wav, prompt_text, instruct, voice, seed, speed, stream],
+        go.click(_generate(service), [mode, text, prompt_wav, prompt_text, instruct, voice, seed, speed, stream, ssml],
                  [live, result, download, status], **PRIVATE)
         save.click(_save_voice(service), [new_id, prompt_text, prompt_wav], [voice, save_status], **PRIVATE)
     return blocks

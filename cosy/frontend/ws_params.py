@@ -2,12 +2,13 @@
 
 PAI (`/api-ws/v1/audio/speech`), as its HTTP speech API (`cosy.frontend.pai_api`): mode
 (fast_replication | cross_lingual_replication | natural_language_replication), reference_audio_id, instruct,
-output_format (wav), sample_rate (24000), bit_rate ("192k"), volume (1.0), speed (1.0), debug, seed; and ours:
+output_format (wav), sample_rate (24000), bit_rate ("192k"), volume (1.0), speed (1.0), debug, seed, enable_ssml;
+and ours:
 `binary_audio` (false: base64 in result-generated; true: each piece of audio as a binary frame, then its
 result-generated without audio).
 DashScope (`/api-ws/v1/inference`, its SDK's SpeechSynthesizer): voice (a reference audio / saved voice id;
 spoken with its stored transcript, PAI's fast_replication), format (mp3), sample_rate (22050), volume
-0-100 (50 = unchanged), rate 0.5-2 (speed), seed; audio always as binary frames. Other keys (pitch,
+0-100 (50 = unchanged), rate 0.5-2 (speed), seed, enable_ssml; audio always as binary frames. Other keys (pitch,
 text_type, type, bit_rate) are ignored; format "Default" and sample_rate 0 (the SDK's AudioFormat.DEFAULT)
 mean mp3 at 22050 Hz.
 """
@@ -29,6 +30,10 @@ from cosy.pipeline.request import SAMPLE_RATE_RANGE, SEED_RANGE, SPEED_RANGE, Sy
 class TaskParams:
     speech: SpeechRequest
     binary: bool  # audio as binary frames
+    ssml: bool = False  # enable_ssml: the text is one SSML document, in one continue-task (as published)
+    # DashScope: its SDK's call() sets enable_ssml on every call, plain text included: text that is not
+    # <speak>...</speak> is then spoken as plain text (elsewhere enable_ssml with plain text is a 400)
+    plain_ok: bool = False
 
 
 class PaiTaskParameters(PaiOptions):
@@ -46,6 +51,7 @@ class DashScopeParameters(BaseModel):
     volume: int = Field(50, ge=0, le=100)
     rate: float = Field(1.0, ge=SPEED_RANGE[0], le=SPEED_RANGE[1])
     seed: int | None = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
+    enable_ssml: bool = False
 
 
 def _validated(model: type[BaseModel], payload: dict, prefix: str = "parameters.") -> BaseModel:
@@ -74,7 +80,7 @@ class Dialect:
         speech = SpeechRequest(synthesis, "pai", fmt=p.output_format or "wav", sample_rate=p.sample_rate or 24000,
                                bit_rate=parse_bit_rate(p.bit_rate or DEFAULT_BIT_RATE),
                                volume=1.0 if p.volume is None else p.volume)
-        return TaskParams(speech, p.binary_audio)
+        return TaskParams(speech, p.binary_audio, bool(p.enable_ssml))
 
 
 class DashScopeDialect(Dialect):
@@ -91,7 +97,7 @@ class DashScopeDialect(Dialect):
         synthesis = SynthesisRequest(mode="voice", voice_id=p.voice, speed=p.rate, seed=p.seed, stream=True,
                                      duplex=True)
         return TaskParams(SpeechRequest(synthesis, "pai", fmt=fmt, sample_rate=rate,
-                                        volume=p.volume / 50), True)
+                                        volume=p.volume / 50), True, p.enable_ssml, plain_ok=True)
 
 
 __all__ = ["DashScopeDialect", "Dialect", "TaskParams"]

@@ -23,17 +23,21 @@ import base64
 import json
 import logging
 import queue
+import threading
 import time
+from collections.abc import Iterator
 from contextlib import suppress
+from dataclasses import replace
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from cosy.errors import CosyError, public_message
+from cosy.errors import BadRequest, CosyError, public_message
 from cosy.frontend.reference_audio import ReferenceAudios
 from cosy.frontend.service import FrontendService
-from cosy.frontend.speech_stream import _in_thread, _pieces
+from cosy.frontend.speech_stream import Piece, _in_thread, _pieces
 from cosy.frontend.ws_params import Dialect, TaskParams
-from cosy.pipeline.request import MAX_TEXT_CHARS
+from cosy.pipeline.request import MAX_TEXT_CHARS, SynthesisRequest
+from cosy.text.ssml import looks_like_ssml
 from cosy.text.stream import Mark, Sentences
 
 log = logging.getLogger(__name__)
@@ -178,7 +182,20 @@ class TaskSession:
             return
         if not isinstance(text, str):
             raise TaskFailed("InvalidParameter", "continue-task needs payload.input.text (a string)", task.id)
+        if task.params.ssml:
+            self.ssml_text(task, text)
         self.add_text(task, text)
+
+    def ssml_text(self, task: Task, text: str) -> None:
+        """enable_ssml: the one continue-task holds the whole document, checked now (a 400's message with the
+        line and column fails the task before any audio)."""
+        if task.characters:
+            raise TaskFailed("InvalidParameter", "enable_ssml: the SSML document comes whole in one "
+                             "continue-task (as published); start a new task for more", task.id)
+        try:
+            _as_document(task.params, text).check()
+        except CosyError as e:
+            raise TaskFailed(error_code(e), str(e), task.id) from None
 
     def add_text(self, task: Task, text: str) -> None:
         task.characters += len(text)
@@ -241,7 +258,8 @@ class TaskSession:
     async def stream(self, task: Task) -> None:
         received = time.monotonic()
         p = task.params
-        pieces = _in_thread(lambda stop: _pieces(self.service, self.refs, p.speech, received, stop, task.text))
+        pieces = _in_thread(lambda stop: _ssml_pieces(self.service, self.refs, p, received, stop, task.text)
+                            if p.ssml else _pieces(self.service, self.refs, p.speech, received, stop, task.text))
         seconds = wait = 0.0
         try:
             async for piece in pieces:
@@ -278,6 +296,28 @@ class TaskSession:
         task.sender.cancel()
         with suppress(asyncio.CancelledError, Exception):
             await task.sender
+
+
+def _as_document(params: TaskParams, text: str) -> SynthesisRequest:
+    """An enable_ssml task's request for its one text: SSML, or (DashScope, text not <speak>...) plain."""
+    ssml = not params.plain_ok or looks_like_ssml(text)
+    return replace(params.speech.synthesis, text=text, ssml=ssml, duplex=False)
+
+
+def _ssml_pieces(service: FrontendService, refs: ReferenceAudios, params: TaskParams, received: float,
+                 stop: threading.Event, text: queue.Queue) -> Iterator[Piece]:
+    """enable_ssml: wait for the task's one document (its continue-task), then speak it whole (not duplex:
+    SSML's breaks and readings need the whole text)."""
+    while not stop.is_set():
+        try:
+            doc = text.get(timeout=0.2)
+        except queue.Empty:
+            continue
+        if doc is None:
+            raise BadRequest("enable_ssml: finish-task came before the SSML document (one continue-task)")
+        speech = replace(params.speech, synthesis=_as_document(params, doc))
+        yield from _pieces(service, refs, speech, received, stop)
+        return
 
 
 __all__ = ["IDLE_TIMEOUT", "TaskSession", "event"]
