@@ -116,10 +116,11 @@ def test_app_deletes_refused_uploads_and_stops_cleanly(tiny_model_dir, tmp_path)
 @pytest.fixture(scope="module")
 def frontend(backend, tiny_model_dir, tmp_path_factory):
     data = tmp_path_factory.mktemp("data")
-    # one request at a time (--max_batch 1), so that others wait in the queue and leaving it can be seen
+    # one request at a time (--max_batch 1), so that others wait in the queue and leaving it can be seen; every
+    # request 400 tokens long (a random LM may stop at once: a job that ends before it is seen busy proves nothing)
     app = App("--model_dir", str(tiny_model_dir), "--data_dir", str(data), "--workers", "1", "--max_batch", "1",
               "--llm_base_url", backend.url, "--llm_api_key", backend.api_key,
-              "--llm_stall_timeout", str(STALL)).wait()
+              "--llm_stall_timeout", str(STALL), "--fixed_tokens", "400").wait()
     url = app.url.rstrip("/")
     wav = (ASSETS / "zero_shot_prompt.wav").read_bytes()
     r = httpx.post(f"{url}/api/v1/audio/reference_audio", files={"file": ("p.wav", wav)},
@@ -330,7 +331,10 @@ def test_gradio_api_clients_that_leave_free_the_worker_within_2s(frontend):
         event = _gradio_call(url, name, data)
         with httpx.Client(timeout=60) as client, client.stream("GET", f"{url}/gradio_api/call/{name}/{event}") as r:
             assert r.status_code == 200
-            wait_state(url, 1, 0, 30)
+            try:
+                wait_state(url, 1, 0, 30)
+            except AssertionError as e:  # say what the call answered instead of running
+                raise AssertionError(f"{e}; the call's events: {r.read().decode()[-1000:]!r}") from None
             time.sleep(0.5)
         print(f"\ngradio {name} client left: busy back in {wait_state(url, 0, 0, 2):.2f} s")
     # and the gradio API still answers

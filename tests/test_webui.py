@@ -124,6 +124,17 @@ def test_cross_lingual_from_the_example(page):
     generate(page)
 
 
+def test_ssml_checkbox_speaks_a_document_and_shows_its_errors(page):
+    page.get_by_text("cross_lingual_prompt.wav", exact=True).click()
+    page.locator("#tts_text textarea").fill('<speak>你好。<break time="2s"/>再见。</speak>')
+    page.locator("#ssml input").check()
+    assert generate(page)["seconds"] >= 2.0  # the break alone is 2 s of the audio
+    page.locator("#tts_text textarea").fill("<speak>你好</speek>")
+    page.locator("#generate").click()
+    page.locator("[data-testid=toast-body]", has_text="SSML line 1, column").wait_for()
+    assert "Traceback" not in page.content()
+
+
 def test_instruct_with_an_example_instruction(page):
     choose_mode(page, "自然语言控制")
     upload_prompt(page, "cross_lingual_prompt.wav")
