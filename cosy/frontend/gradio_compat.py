@@ -57,7 +57,7 @@ class PadRawCalls:
         while more and len(body) <= _MAX_BODY:
             message = await receive()
             if message["type"] != "http.request":  # the client left: gradio sees it the same way
-                return await self.app(scope, _replay([message]), send)
+                return await self.app(scope, _replay([message], receive), send)
             body += message.get("body", b"")
             more = message.get("more_body", False)
         if more:  # too large to be a call of ours: passed on untouched
@@ -70,8 +70,8 @@ class PadRawCalls:
                                              receive), send)
 
 
-def _replay(messages: list[dict], then=None):
-    """A `receive` that gives `messages` first, then (if given) the original's."""
+def _replay(messages: list[dict], then):
+    """A `receive` that gives `messages` first, then the original's."""
     queue = list(messages)
 
     async def receive():

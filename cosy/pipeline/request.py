@@ -20,6 +20,7 @@ from typing import Any
 
 from cosy.errors import BadRequest
 from cosy.prompt.encoder import PromptFeatures
+from cosy.text.ssml import Ssml, parse
 
 # zero_shot: 3 s clone (prompt audio + its transcript); cross_lingual: prompt audio only; instruct: prompt
 # audio + an instruction; voice: a saved voice; vc: voice conversion (no LM), CLI only.
@@ -93,10 +94,9 @@ class SynthesisRequest:
             self.ssml_document()
         return self
 
-    def ssml_document(self):
+    def ssml_document(self) -> Ssml:
         """The parsed SSML text (`cosy.text.ssml.Ssml`), checked: something to speak, a mode with text, the
         document's rate times `speed` within SPEED_RANGE. SynthesisError (or SsmlError, with the position)."""
-        from cosy.text.ssml import parse
         if self.mode == "vc" or self.duplex:
             raise SynthesisError("SSML needs the whole text in one piece" if self.duplex
                                  else "mode 'vc' has no text to mark up with SSML")
