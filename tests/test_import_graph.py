@@ -125,3 +125,18 @@ def test_cli_and_benchmarks_need_no_gradio_vllm_or_openai():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_the_container_healthcheck_imports_the_standard_library_only():
+    """`python3 -m cosy.deploy.healthcheck` runs every few seconds in every container: importing `cosy` for it
+    must not import torch or numpy (it once did, through cosy/__init__.py: 2.4 s of CPU per check, about
+    half a core per container at compose's 5 s interval); the package's own names still load on use."""
+    import subprocess
+    import sys
+    code = ("import sys, runpy; sys.argv = ['healthcheck', 'http://127.0.0.1:9/health']\n"
+            "try:\n    runpy.run_module('cosy.deploy.healthcheck', run_name='__main__')\nexcept SystemExit as e:\n"
+            "    print(e.code, sorted(m for m in ('torch', 'numpy', 'yaml') if m in sys.modules))\n"
+            "import cosy; print(cosy.load_token2wav.__module__, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == ["1 []", "cosy.pipeline.token2wav True"], out.stdout
