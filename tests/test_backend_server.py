@@ -11,6 +11,7 @@ import hashlib
 import io
 import json
 import os
+import socket
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -228,6 +229,20 @@ def test_ras_redraws_repeats_through_the_server(peaked_backend, peaked_model_dir
     assert _chi_square_p(collections.Counter(c for _, c in pairs), p2, n) > ALPHA
 
 
+def test_a_graceful_stop_exits_0_and_frees_the_port(peaked_backend):
+    """SIGTERM (what `podman stop` and Kubernetes send): the backend stops vLLM, exits 0 and frees its port
+    for a restart on it. Checked on the peaked backend once its module is done with it, so that it costs no
+    start (the shared backend's kill and restart: test_faults.py)."""
+    assert httpx.get(peaked_backend.url.removesuffix("/v1") + "/health", timeout=10).status_code == 200
+    assert peaked_backend.stop() == 0
+    with pytest.raises(httpx.TransportError):
+        httpx.get(peaked_backend.url.removesuffix("/v1") + "/health", timeout=2)
+    with socket.socket() as s:  # nothing of it (vLLM's API server, its engine) holds it; a restart binds it
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: clients' TIME_WAITs stay
+        s.bind(("127.0.0.1", peaked_backend.port))
+        s.listen()
+
+
 def test_models_health_and_auth(backend):
     headers = {"Authorization": f"Bearer {backend.api_key}"}
     models = httpx.get(f"{backend.url}/models", headers=headers).json()
@@ -319,5 +334,3 @@ def test_ras_first_token_matches_embedded_lm(backend, tiny_lm):
     assert _chi_square_p(collections.Counter(t[0] for t in firsts), want, n) > ALPHA
     assert _draw_many(backend, body, 8, max_tokens=1) == firsts[:8]  # same seeds, same tokens
 
-# A graceful stop (exit 0, port freed) and a restart on the same port: test_deployment.py's
-# test_ready_follows_the_backend, the session's one graceful restart of the shared backend.

@@ -3,7 +3,12 @@ on the session's vLLM backend, 16 PAI SSE streams in flight, then the backend SI
 frozen (SIGSTOP, then SIGCONT). Every request ends within a bound, finished or with an error that names the
 LM backend (never its address, never a 500); once the backend is back, the same frontend serves again without
 a restart. Each test prints what was lost, the errors the clients saw and the time to recover. (A stream
-that holds its segment's tokens when the backend goes keeps speaking them; it fails when it needs the LM.)"""
+that holds its segment's tokens when the backend goes keeps speaking them; it fails when it needs the LM.)
+
+While the killed backend is down, the frontend's /ready says so (without the backend's address) and /health
+stays up: readiness follows the backend with no restart of the frontend (this was test_deployment's own
+graceful restart of the shared backend, one vLLM start more). A graceful stop (SIGTERM: exit 0, port freed)
+is test_backend_server's, on the backend it is done with."""
 from __future__ import annotations
 
 import json
@@ -107,11 +112,23 @@ def _recovered(url: str, ref: str, since: float) -> float:
     return time.monotonic() - since
 
 
+def _wait_ready_status(url: str, want: int, timeout: float = 60) -> httpx.Response:
+    deadline = time.monotonic() + timeout
+    while (r := httpx.get(f"{url}/ready", timeout=10)).status_code != want and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return r
+
+
 def test_backend_killed_under_16_streams_then_restarted(frontend, backend):
     url, ref, app = frontend
     pid = app.proc.pid
+    host = backend.url.split("//")[1].split("/")[0]
     try:
         results, at = _under_load(url, ref, backend.crash)
+        # the frontend's readiness follows the backend; the process itself is up
+        r = _wait_ready_status(url, 503)
+        assert r.status_code == 503 and "not ready" in r.text and host not in r.text, r.text
+        assert httpx.get(f"{url}/health", timeout=10).status_code == 200
     finally:
         start = time.monotonic()
         backend.start()
