@@ -249,16 +249,21 @@ def speak(url: str, ref: str, text: str = "你好，欢迎使用。") -> tuple[s
 
 
 class Stream(threading.Thread):
-    """A PAI SSE synthesis of LONG_TEXT in the background: `.server`, `.events`, `.error` (a cut connection)."""
+    """A PAI SSE synthesis in the background (LONG_TEXT by default): `.server`, `.events`, `.error` (a cut
+    connection); `.leave()` closes it early, as a client that has heard enough."""
 
-    def __init__(self, url: str, ref: str):
+    def __init__(self, url: str, ref: str, text: str = LONG_TEXT):
         super().__init__(daemon=True)
-        self.url, self.ref, self.server, self.events, self.error = url, ref, None, [], None
-        self.first = threading.Event()
+        self.url, self.ref, self.text, self.server, self.events, self.error = url, ref, text, None, [], None
+        self.first, self.left = threading.Event(), threading.Event()
         self.start()
 
+    def leave(self) -> None:
+        self.left.set()
+        self.join(60)
+
     def run(self) -> None:
-        body = {"input": {"mode": "fast_replication", "text": LONG_TEXT, "reference_audio_id": self.ref},
+        body = {"input": {"mode": "fast_replication", "text": self.text, "reference_audio_id": self.ref},
                 "output_format": "pcm"}
         try:
             with httpx.stream("POST", f"{self.url}/api/v1/audio/speech", json=body, timeout=300) as r:
@@ -267,6 +272,8 @@ class Stream(threading.Thread):
                     if line.startswith("data:"):
                         self.events.append(json.loads(line[5:]))
                         self.first.set()
+                    if self.left.is_set():
+                        break
         except httpx.HTTPError as e:
             self.error = e
         self.first.set()
@@ -276,7 +283,7 @@ def test_pai_and_gradio_client_through_haproxy_and_a_voice_shared_by_both_fronte
     ref, saved_on = upload_voice(stack.url)
     served = {speak(stack.url, ref)[0] for _ in range(6)}  # leastconn alternates idle frontends
     assert served == {"fe1", "fe2"}, (saved_on, served)  # the voice saved on one is used on the other
-    s = Stream(stack.url, ref)
+    s = Stream(stack.url, ref, "今天天气很好，我们一起去公园散步吧。看看花草树木，听听鸟儿唱歌。")
     s.join(300)
     audio = b"".join(base64.b64decode(e["output"]["audio"]["data"] or "") for e in s.events)
     assert s.error is None and len(s.events) >= 2 and s.events[-1]["output"]["finish_reason"] == "stop"
@@ -313,7 +320,15 @@ def test_frontend_killed_mid_stream_then_stopped_mid_stream(stack):
     victim.join(60)
     assert victim.error is not None or victim.events[-1]["output"]["finish_reason"] != "stop"
     assert {speak(stack.url, stack.ref)[0] for _ in range(3)} == {"fe2"}
-    [s.join(300) for s in streams]
+    survivor = next(s for s in streams if s is not victim)
+    heard = len(survivor.events)
+    deadline = time.monotonic() + 60
+    while len(survivor.events) == heard and survivor.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    # the other frontend's stream went on (or had ended well)
+    assert survivor.error is None and (len(survivor.events) > heard
+                                       or survivor.events[-1]["output"]["finish_reason"] == "stop")
+    survivor.leave()  # not to its end: LONG_TEXT on a random LM is minutes of audio
 
     s = Stream(stack.url, stack.ref)
     assert s.first.wait(120) and s.server == "fe2"
