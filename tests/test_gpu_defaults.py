@@ -45,3 +45,35 @@ def test_onnx_warns_when_cuda_is_asked_for_but_not_used(tiny_model_dir, monkeypa
         s = onnx_models._session(onnx, 1, ["CUDAExecutionProvider", "CPUExecutionProvider"])
     assert s.get_providers() == ["CPUExecutionProvider"]
     assert "runs on the CPU" in caplog.text and "onnxruntime-gpu" in caplog.text
+
+
+def test_a_fixed_kv_cache_comes_with_the_share_it_needs(tmp_path):
+    """vLLM checks at start-up that free memory covers --gpu-memory-utilization x the card (0.92 by default,
+    even with a fixed KV cache): the backend passes weights + cache + headroom as a share of the card instead,
+    so it starts beside frontends that hold memory on the same GPU."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from cosy.deploy.gpu_memory import HEADROOM, gpu_total_bytes, memory_share, weight_bytes
+    save_file({"a": np.zeros((1000, 500), np.float32), "b": np.zeros(250_000, np.float32)},
+              str(tmp_path / "model.safetensors"))
+    assert weight_bytes(tmp_path / "model.safetensors", "bfloat16") == 750_000 * 2  # fp32 stored, bf16 served
+    h200 = 141 * 10**9
+    cmd = _cmd_total(tmp_path, h200)
+    size = int(cmd[cmd.index("--kv-cache-memory-bytes") + 1])
+    share = float(cmd[cmd.index("--gpu-memory-utilization") + 1])
+    assert share == memory_share(1_500_000 + size + HEADROOM, h200) and 0.03 < share < 0.05
+    assert share * h200 >= 1_500_000 + size + HEADROOM  # rounded up, never short
+    assert memory_share(10**12, h200) == 0.92  # a small card: never more than vLLM's own default
+    cmd = _cmd_total(tmp_path, h200, "--gpu_memory_utilization", "0.3")  # the user's share wins
+    assert cmd[cmd.index("--gpu-memory-utilization") + 1] == "0.3"
+    assert "--gpu-memory-utilization" not in _cmd(tmp_path)  # NVML could not tell: vLLM's default
+    import importlib.util
+    if importlib.util.find_spec("pynvml") is None:  # no nvidia-ml-py (the CPU installs): no share passed
+        assert gpu_total_bytes({"CUDA_VISIBLE_DEVICES": "0"}) is None
+
+
+def _cmd_total(tmp_path, total, *argv):
+    (tmp_path / "config.json").write_text(json.dumps(QWEN05))
+    args, extra = parse_args(["--model_dir", str(tmp_path), "--no_api_key", *argv])
+    return vllm_command(args, tmp_path, "m", True, extra, gpu_total=total)[0]

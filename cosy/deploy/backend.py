@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from cosy.deploy.cpus import MAX_NICE, format_cpus, lower_priority, parse_cpus, pin
+from cosy.deploy.gpu_memory import HEADROOM, gpu_total_bytes, kv_cache_bytes, memory_share, weight_bytes
 from cosy.lm.export import WEIGHTS, export_for_vllm, llm_fingerprint, served_model_name
 from cosy.model.files import ModelDir, ModelDirError
 from cosy.vllm_plugin import KEEPALIVE, LOGITS_PROCESSOR
@@ -99,18 +100,10 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return args, extra
 
 
-def kv_cache_bytes(export_dir: Path, dtype: str, max_num_seqs: int, max_model_len: int) -> int:
-    """KV cache bytes for max_num_seqs full-length sequences of the exported LM (its config.json), +10 %."""
-    cfg = json.loads((Path(export_dir) / "config.json").read_text())
-    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-    kv_heads = cfg.get("num_key_value_heads", cfg["num_attention_heads"])
-    per_token = 2 * cfg["num_hidden_layers"] * kv_heads * head_dim * (4 if dtype in ("float32", "float") else 2)
-    return int(1.1 * per_token * max_num_seqs * max_model_len)
-
-
-def vllm_command(args: argparse.Namespace, export_dir: Path, name: str, gpu: bool,
-                 extra: list[str]) -> tuple[list[str], dict[str, str]]:
-    """The child's argv and environment. The key travels in the environment, never on a command line."""
+def vllm_command(args: argparse.Namespace, export_dir: Path, name: str, gpu: bool, extra: list[str],
+                 gpu_total: int | None = None) -> tuple[list[str], dict[str, str]]:
+    """The child's argv and environment. The key travels in the environment, never on a command line.
+    `gpu_total`: the card's bytes (`gpu_memory.gpu_total_bytes`), for the share that a fixed KV cache needs."""
     cmd = [sys.executable, "-m", "cosy.vllm_plugin.serve", "--model", str(export_dir),
            "--served-model-name", name, "--host", args.host, "--port", str(args.port),
            "--dtype", args.dtype or ("bfloat16" if gpu else "float32"),
@@ -130,6 +123,9 @@ def vllm_command(args: argparse.Namespace, export_dir: Path, name: str, gpu: boo
                 kv_cache_bytes(export_dir, cmd[cmd.index("--dtype") + 1], int(cmd[cmd.index("--max-num-seqs") + 1]),
                                int(cmd[cmd.index("--max-model-len") + 1])))
         cmd += ["--kv-cache-memory-bytes", str(size)]
+        if args.gpu_memory_utilization is None and gpu_total:  # vLLM checks free memory against a share
+            need = weight_bytes(export_dir / WEIGHTS, cmd[cmd.index("--dtype") + 1]) + size + HEADROOM
+            cmd += ["--gpu-memory-utilization", str(memory_share(need, gpu_total))]
     if not gpu:
         cmd.append("--enforce-eager")  # torch.compile on CPU costs minutes at start for little gain
     env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -278,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
-    cmd, env = vllm_command(args, export_dir, name, gpu, extra)
+    cmd, env = vllm_command(args, export_dir, name, gpu, extra, gpu_total_bytes() if gpu else None)
     print(f"cosy backend: serving {export_dir} as {name} on {'GPU' if gpu else 'CPU'}", file=sys.stderr)
     child = Child(cmd, env, args.nice)
     stopping = []
