@@ -120,12 +120,15 @@ def test_cross_lingual_from_the_example(page):
     page.get_by_text("cross_lingual_prompt.wav", exact=True).click()  # sets prompt, mode and text
     expect(page.locator("#mode label", has_text="跨语种复刻").locator("input")).to_be_checked()
     expect(page.locator("#prompt_text")).to_be_hidden()  # cross-lingual needs no transcript
+    expect(page.locator("#tts_text textarea")).to_have_value(re.compile("荒诞故事"))  # before ours, not after
     page.locator("#tts_text textarea").fill("Hello, nice to meet you.")
     generate(page)
 
 
 def test_ssml_checkbox_speaks_a_document_and_shows_its_errors(page):
     page.get_by_text("cross_lingual_prompt.wav", exact=True).click()
+    # the example fills the text box when its event returns: fill after that, or it overwrites ours
+    expect(page.locator("#tts_text textarea")).to_have_value(re.compile("荒诞故事"))
     page.locator("#tts_text textarea").fill('<speak>你好。<break time="2s"/>再见。</speak>')
     page.locator("#ssml input").check()
     assert generate(page)["seconds"] >= 2.0  # the break alone is 2 s of the audio
