@@ -1,14 +1,19 @@
-"""Where a one-machine split's first packet goes: one streaming request, timed token by token, with the LM
-embedded and on a backend, in one process (no HTTP frontend, no worker: only the LM's place differs).
+"""Where a streaming request's first packet goes, in parts: one worker's engine (as app.py's worker runs it:
+flow/HiFT work through one SpeechScheduler, each request on its thread), with the LM embedded and on a
+backend, timed token by token and work item by work item.
 
-    python bench/split_timeline.py [--model_dir DIR] [--tokens 100] [--repeats 3] [--threads 2]
-        [--speech_cache_mb 2048] [--backend_url URL | --backend_cpus LIST --backend_nice N --backend_idle]
+    python bench/split_timeline.py [--model_dir DIR] [--tokens 100] [--repeats 3] [--concurrency 1,4]
+        [--threads 2] [--speech_cache_mb 2048] [--lms embedded,backend]
+        [--backend_url URL | --backend_cpus LIST --backend_nice N --backend_idle]
 
-Prints, per LM and as medians of --repeats: when the first token and the token the first chunk waits for
-arrived, when the first chunk was ready (so how long its flow and HiFT took), and the whole request. Without
---backend_url a backend is started on the model (`launch/backend.py`). --speech_cache_mb: the engines' flow
-state budget, by default app.py's on the CPU (2048 MB: the saved voice's prompt chunks are computed once, not
-per request).
+Per LM and level (N requests started at once), medians over requests and --repeats of, in seconds since the
+request started: the first token, the token the first chunk waits for (the official schedule: one hop, the
+pad that aligns the prompt to a hop, and the look-ahead), when its flow started (the wait in between is the
+scheduler's queue behind other requests' work) and how long the flow and the HiFT step took, the first
+chunk, and the whole request. The HTTP surfaces add their encoding and transport on top (bench/deployment.py
+measures those end to end). Without --backend_url a backend is started on the model (`launch/backend.py`).
+--speech_cache_mb: the engines' flow state budget, by default app.py's on the CPU (2048 MB: the saved
+voice's prompt chunks are computed once, not per request).
 """
 from __future__ import annotations
 
@@ -16,7 +21,9 @@ import argparse
 import os
 import statistics
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -28,42 +35,79 @@ sys.path.insert(0, str(ROOT / "bench"))
 from lm_throughput import start_backend  # noqa: E402
 from synthesis import PROMPT_TEXT, PROMPT_WAV, TEXT  # noqa: E402
 
-from cosy.frontend.server import speech_cache_mb  # noqa: E402
+from cosy.frontend.options import speech_cache_mb  # noqa: E402
 from cosy.lm.fixed_length import FixedLengthLM  # noqa: E402
 from cosy.pipeline.engine import Engine, SynthesisRequest  # noqa: E402
+from cosy.speech.request import LiveRequest  # noqa: E402
+from cosy.speech.scheduler import SpeechScheduler  # noqa: E402
+
+PARTS = ("token1", "token_need", "flow_start", "flow", "hift", "first", "total")
 
 
-class Timed:
-    """The LM with each yielded token's time (seconds since `start`) recorded."""
+class Timeline(threading.local):
+    """This thread's request: its start, its tokens' and its work items' times."""
+    start: float = 0.0
+    tokens: list
+    items: list  # (queued, started, ended) of each flow/HiFT work item, in order
 
-    def __init__(self, lm):
-        self.lm, self.sampling, self.times, self.start = lm, lm.sampling, [], 0.0
+
+class TimedLM:
+    """The LM with each yielded token's time recorded in the calling thread's Timeline."""
+
+    def __init__(self, lm, line: Timeline):
+        self.lm, self.sampling, self.line = lm, lm.sampling, line
 
     def generate(self, *args, **kwargs):
         for token in self.lm.generate(*args, **kwargs):
-            self.times.append(time.perf_counter() - self.start)
+            self.line.tokens.append(time.perf_counter() - self.line.start)
             yield token
 
 
-def one(engine: Engine, timed: Timed, voice) -> dict[str, float]:
-    req = SynthesisRequest(mode="voice", text=TEXT, prompt_text=PROMPT_TEXT, voice=voice, stream=True, seed=0)
-    timed.times, timed.start = [], time.perf_counter()
+class TimedRunner:
+    """The engine's speech_runner (a worker's SpeechScheduler), recording each item's queue, start and end."""
+
+    def __init__(self, scheduler: SpeechScheduler, line: Timeline):
+        self.scheduler, self.line = scheduler, line
+
+    def __call__(self, first, fn, batch=None):
+        start, items = self.line.start, self.line.items  # this request's (the runner is another thread)
+        queued = time.perf_counter() - start
+
+        def timed():
+            started = time.perf_counter() - start
+            out = fn()
+            items.append((queued, started, time.perf_counter() - start))
+            return out
+        # a batch function would run instead of `timed` when rows batch (--flow_batch > 1): time solo items
+        return self.scheduler.run(first, timed, None)
+
+
+def one(engine: Engine, line: Timeline, scheduler: SpeechScheduler, voice, rid: int) -> dict[str, float]:
+    req = SynthesisRequest(mode="voice", text=TEXT, prompt_text=PROMPT_TEXT, voice=voice, stream=True, seed=rid)
+    scheduler.bind(LiveRequest(rid, "synthesize", {}))
+    line.tokens, line.items, line.start = [], [], time.perf_counter()
     first = None
     for _ in engine.synthesize(req):
-        first = first or time.perf_counter() - timed.start
-    total = time.perf_counter() - timed.start
+        first = first or time.perf_counter() - line.start
+    total = time.perf_counter() - line.start
     n, hop = voice.speech_tokens.shape[1], engine.t2w.hop_len  # the tokens the first chunk waits for
     need = hop + (-n) % hop + engine.t2w.lookahead
-    t = timed.times
-    return {"token1": t[0], "token_need": t[min(need, len(t)) - 1], "first": first, "total": total,
-            "flow": first - t[min(need, len(t)) - 1]}
+    (_, flow_start, flow_end), (_, hift_start, hift_end) = line.items[:2]
+    return {"token1": line.tokens[0], "token_need": line.tokens[min(need, len(line.tokens)) - 1],
+            "flow_start": flow_start, "flow": flow_end - flow_start, "hift": hift_end - hift_start,
+            "first": first, "total": total, "need": need}
 
 
-def report(name: str, runs: list[dict[str, float]]) -> None:
-    m = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-    print(f"{name:<9} token 1 {m['token1']:6.2f} s  first-chunk token {m['token_need']:6.2f} s  first chunk "
-          f"{m['first']:6.2f} s (its flow+HiFT {m['flow']:5.2f} s)  "
-          f"total {m['total']:6.2f} s", flush=True)
+def level(engine: Engine, line: Timeline, scheduler: SpeechScheduler, voice, n: int, base: int) -> list[dict]:
+    with ThreadPoolExecutor(n) as pool:
+        return list(pool.map(lambda i: one(engine, line, scheduler, voice, base + i), range(n)))
+
+
+def report(name: str, n: int, runs: list[dict[str, float]]) -> None:
+    m = {k: statistics.median(r[k] for r in runs) for k in PARTS}
+    print(f"{name:<9} x{n:<2} token 1 {m['token1']:6.2f}  token {runs[0]['need']} {m['token_need']:6.2f}  "
+          f"flow starts {m['flow_start']:6.2f}, takes {m['flow']:5.2f}  HiFT {m['hift']:5.2f}  "
+          f"first chunk {m['first']:6.2f}  total {m['total']:6.2f}", flush=True)
 
 
 def main() -> None:
@@ -71,8 +115,10 @@ def main() -> None:
     ap.add_argument("--model_dir", type=Path, default=ROOT / ".cache" / "full-random")
     ap.add_argument("--tokens", type=int, default=100)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--concurrency", default="1,4")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--speech_cache_mb", type=int, default=None, help="default: app.py's on the CPU")
+    ap.add_argument("--lms", default="embedded,backend")
     ap.add_argument("--backend_url")
     ap.add_argument("--api_key", default=os.environ.get("COSY_LLM_API_KEY", "bench-key"))
     ap.add_argument("--backend_cpus")
@@ -80,30 +126,35 @@ def main() -> None:
     ap.add_argument("--backend_idle", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    lms, levels = args.lms.split(","), [int(c) for c in args.concurrency.split(",")]
     proc, url = None, args.backend_url
-    if not url:
+    if "backend" in lms and not url:
         prefix = ("chrt", "--idle", "0") if args.backend_idle else ()
         extra = ("--cpus", args.backend_cpus) if args.backend_cpus else ()
         extra += ("--nice", str(args.backend_nice)) if args.backend_nice else ()
         proc, url = start_backend(args.model_dir, 8124, args.api_key, extra, prefix)
     try:
         cache = speech_cache_mb(args, "cpu")  # app.py's rule, so the engines hold what a frontend's do
-        engines = {"embedded": Engine.from_model_dir(args.model_dir, cache_mb=cache),
-                   "backend": Engine.from_model_dir(args.model_dir, cache_mb=cache, llm_base_url=url,
-                                                    llm_api_key=args.api_key)}
-        timed = {}
+        line = Timeline()
+        engines, schedulers = {}, {}
+        for name in lms:
+            remote = {"llm_base_url": url, "llm_api_key": args.api_key} if name == "backend" else {}
+            e = engines[name] = Engine.from_model_dir(args.model_dir, cache_mb=cache, **remote)
+            e.lm = TimedLM(FixedLengthLM(e.lm, args.tokens), line)
+            schedulers[name] = SpeechScheduler()  # a worker's: one runner, first chunks first, no batching
+            e.speech_runner = TimedRunner(schedulers[name], line)
+        voice = engines[lms[0]].prompt_features(PROMPT_WAV)
         for name, e in engines.items():
-            timed[name] = e.lm = Timed(FixedLengthLM(e.lm, args.tokens))
-        voice = engines["embedded"].prompt_features(PROMPT_WAV)
-        for name, e in engines.items():
-            one(e, timed[name], voice)  # warm-up
-        runs = {name: [] for name in engines}
-        for _ in range(args.repeats):  # alternated, so a drifting machine affects both alike
-            for name, e in engines.items():
-                runs[name].append(one(e, timed[name], voice))
-        print(f"{args.tokens} tokens, a saved voice, streaming; medians of {args.repeats}")
-        for name in engines:
-            report(name, runs[name])
+            one(e, line, schedulers[name], voice, 0)  # warm-up (and the saved voice's prompt state)
+        runs = {(name, n): [] for name in engines for n in levels}
+        for r in range(args.repeats):  # alternated, so a drifting machine affects every case alike
+            for n in levels:
+                for name, e in engines.items():
+                    runs[name, n] += level(e, line, schedulers[name], voice, n, 100 * r + 10 * n)
+        print(f"{args.tokens} tokens, a saved voice, streaming; medians over requests and {args.repeats} "
+              f"repeats; seconds since the request started")
+        for (name, n), got in runs.items():
+            report(name, n, got)
     finally:
         if proc is not None:
             import signal
