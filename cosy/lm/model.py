@@ -152,11 +152,13 @@ class SpeechLM(nn.Module):
         cache, rope = self._start(prompt_embeds, max(max_len, 0))
         history: list[int] = []
         stop = self.tokens.stop
+        # on the device once, not a host list copied over at every step
+        stop_ids = torch.tensor(sorted(stop), device=self.device) if p.ignore_stop else None
         x = prompt_embeds
         for i in range(max_len):
             logits, _ = self._step(x, cache, rope)
-            if p.ignore_stop:
-                logits[list(stop)] = float("-inf")
+            if stop_ids is not None:
+                logits.index_fill_(-1, stop_ids, float("-inf"))
             token = ras_sample(logits, history, p, gen, mask_eos=i < min_len, tokens=self.tokens)
             if token in stop:
                 return
