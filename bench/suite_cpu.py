@@ -47,7 +47,7 @@ class Sampler(threading.Thread):
         self.kind: dict[tuple[int, float], str] = {}
         self.engines: set[tuple[int, float]] = set()
 
-    def classify(self, p: psutil.Process, key: tuple[int, float], cmd: str) -> str:
+    def classify(self, p: psutil.Process, cmd: str) -> str:
         """The kind of `p`: its command line's, else (containers aside) its nearest known ancestor's."""
         chain = [p]
         try:
@@ -85,7 +85,7 @@ class Sampler(threading.Thread):
                 self.cpu[key] = max(self.cpu.get(key, 0.0), used)
                 cmd = " ".join(info["cmdline"] or []) or (info["name"] or "")
                 if key not in self.kind:
-                    self.kind[key] = self.classify(p, key, cmd)
+                    self.kind[key] = self.classify(p, cmd)
                 if "EngineCore" in cmd:  # vLLM titles its engine process once it runs (spawned first)
                     self.engines.add(key)
             self.stop.wait(self.interval)
@@ -104,7 +104,7 @@ def main() -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         ap.error("give the command after --")
-    before = {(p.pid, p.create_time()) for p in psutil.process_iter()}
+    before = {(p.info["pid"], p.info["create_time"]) for p in psutil.process_iter(["pid", "create_time"])}
     sampler = Sampler(args.interval)
     busy0, start = busy_seconds(), time.monotonic()
     sampler.start()

@@ -59,15 +59,6 @@ def frontends(apps):
     return [a.url.rstrip("/") for a in apps]
 
 
-def wait_ready(url: str, want: int, timeout: float = 120) -> httpx.Response:
-    deadline = time.monotonic() + timeout
-    while True:
-        r = httpx.get(f"{url}/ready", timeout=10)
-        if r.status_code == want or time.monotonic() > deadline:
-            return r
-        time.sleep(1)
-
-
 def test_reference_audio_from_one_frontend_used_on_the_other(frontends):
     a, b = frontends
     with open(ASSETS / "zero_shot_prompt.wav", "rb") as f:

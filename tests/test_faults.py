@@ -113,6 +113,7 @@ def _recovered(url: str, ref: str, since: float) -> float:
 
 
 def _wait_ready_status(url: str, want: int, timeout: float = 60) -> httpx.Response:
+    """The frontend's /ready answer once it is `want`, or the last one after `timeout` s."""
     deadline = time.monotonic() + timeout
     while (r := httpx.get(f"{url}/ready", timeout=10)).status_code != want and time.monotonic() < deadline:
         time.sleep(0.2)
