@@ -232,9 +232,15 @@ def test_ras_redraws_repeats_through_the_server(peaked_backend, peaked_model_dir
 def test_a_graceful_stop_exits_0_and_frees_the_port(peaked_backend):
     """SIGTERM (what `podman stop` and Kubernetes send): the backend stops vLLM, exits 0 and frees its port
     for a restart on it. Checked on the peaked backend once its module is done with it, so that it costs no
-    start (the shared backend's kill and restart: test_faults.py)."""
+    start (the shared backend's kill and restart: test_faults.py). On the CPU the model runs in vLLM's engine
+    process, with no worker process beside it (cosy.deploy.backend), and no process of it outlives the stop."""
+    import psutil
     assert httpx.get(peaked_backend.url.removesuffix("/v1") + "/health", timeout=10).status_code == 200
+    tree = [psutil.Process(peaked_backend.proc.pid), *psutil.Process(peaked_backend.proc.pid).children(recursive=True)]
+    names = [" ".join(p.cmdline()) for p in tree]  # vLLM's processes name themselves there (setproctitle)
+    assert [n for n in names if "VLLM::EngineCore" in n] and not [n for n in names if "Worker" in n], names
     assert peaked_backend.stop() == 0
+    assert not [p for p in psutil.wait_procs(tree, timeout=30)[1]], "processes of the backend outlived its stop"
     with pytest.raises(httpx.TransportError):
         httpx.get(peaked_backend.url.removesuffix("/v1") + "/health", timeout=2)
     with socket.socket() as s:  # nothing of it (vLLM's API server, its engine) holds it; a restart binds it

@@ -52,7 +52,8 @@ def test_backend_binds_vllm_openmp_to_its_cpus(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 8}))
     args, extra = parse_args(["--model_dir", str(tmp_path), "--no_api_key", "--cpus", "1,0"])
     env = vllm_command(args, tmp_path, "m", False, extra)[1]
-    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
+    assert env["OMP_NUM_THREADS"] == "2" and env["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
+    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"  # the model in the engine's process, one process fewer
     args, extra = parse_args(["--model_dir", str(tmp_path), "--no_api_key"])
     assert vllm_command(args, tmp_path, "m", False, extra)[1].get("VLLM_CPU_OMP_THREADS_BIND") == \
         os.environ.get("VLLM_CPU_OMP_THREADS_BIND")  # not given: vLLM's own (auto) binding
