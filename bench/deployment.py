@@ -2,7 +2,7 @@
 
     python bench/deployment.py [--size full|tiny | --model_dir DIR] [--frontends 1] [--workers 1] [--max_batch 8]
         [--concurrency 1,4,8] [--requests 0] [--modes zero_shot,cross_lingual,instruct,voice] [--apis pai,openai]
-        [--tokens 100] [--capacity] [--split_cost] [--json OUT] [--device cpu] [--llm_stall_timeout 120]
+        [--tokens 100] [--capacity] [--split_cost] [--baseline_root DIR] [--json OUT] [--device cpu] [--llm_stall_timeout 120]
         [--backend_url URL] [--frontend_urls URL,URL] [--api_key KEY] [--llm_api_key KEY]
         [--backend_cpus LIST] [--frontend_cpus LIST] [--backend_nice N] [--backend_idle]
 
@@ -18,6 +18,10 @@ generation tokens/s).
 --split_cost: the same requests one at a time through the backend and with the embedded LM (a second frontend
   without --llm_base_url, on every CPU), alternating between the two (max(6, --requests) pairs): first-packet and
   total latency of each pair, the medians and their difference.
+--baseline_root DIR: the same requests one at a time through this tree's deployment and through a second one
+  (backend and frontend, same flags) run from the code in DIR (e.g. `git worktree add /tmp/base main`, the
+  commit to compare with), alternating (max(6, --requests) pairs): first packet and total of each pair, the
+  medians and their ratio. Both run on this environment's packages.
 --backend_cpus / --frontend_cpus: the CPU budgets (`--cpus` of launch/backend.py and app.py) of a one-machine
   split. --backend_nice N: the backend's `--nice N`; --backend_idle: under `chrt --idle 0` (SCHED_IDLE: it
   runs only on CPU time the frontends leave).
@@ -49,8 +53,9 @@ TOKEN_RATE = 25  # speech tokens per second of audio
 
 
 def start_frontend(model_dir: Path, data_dir: Path, port: int, args, llm_url: str | None,
-                   cpus: str | None = None) -> tuple:
-    cmd = [sys.executable, str(ROOT / "app.py"), "--model_dir", str(model_dir), "--data_dir", str(data_dir),
+                   cpus: str | None = None, env: dict[str, str] | None = None, root: Path = ROOT) -> tuple:
+    """`app.py` of the checkout `root` (`env`: variables added to ours); returns it and its URL once ready."""
+    cmd = [sys.executable, str(root / "app.py"), "--model_dir", str(model_dir), "--data_dir", str(data_dir),
            "--host", "127.0.0.1", "--port", str(port), "--workers", str(args.workers), "--max_batch",
            str(args.max_batch), "--fixed_tokens", str(args.tokens), "--device", args.device, "--max_queue", "256",
            "--llm_stall_timeout", str(args.llm_stall_timeout)]
@@ -58,8 +63,8 @@ def start_frontend(model_dir: Path, data_dir: Path, port: int, args, llm_url: st
         cmd += ["--llm_base_url", llm_url, "--llm_api_key", args.llm_api_key]
     if cpus:
         cmd += ["--cpus", cpus]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-                            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=root,
+                            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
     tail: list[str] = []
     for line in proc.stdout:
         tail = (tail + [line])[-30:]
@@ -166,28 +171,28 @@ def drive(targets, args, metrics: BackendMetrics, levels: list[int], report: dic
                      if backend["metrics_unanswered"] else ""), flush=True)
 
 
-def split_cost(split: load.Target, embedded: load.Target, pairs: int) -> dict:
-    """One request at a time, alternating the frontend through the backend and the embedded one (ABBA: each
-    pair's order flips), so a machine that drifts or a process still settling after its start weighs on both
-    alike; the same seed in each pair. Prints every pair and the medians; returns both summaries."""
-    runs: dict[str, list] = {"backend": [], "embedded": []}
-    print(f"split cost: {pairs} pairs of requests one at a time (saved voice, PAI), alternating", flush=True)
+def paired(label: str, a: tuple[str, load.Target], b: tuple[str, load.Target], pairs: int) -> dict:
+    """One request at a time, alternating two deployments `a` and `b` ((name, target) each; ABBA: each pair's
+    order flips), so a machine that drifts or a process still settling after its start weighs on both alike;
+    the same seed in each pair. Prints every pair and the medians; returns both summaries and a vs b in %."""
+    (na, _), (nb, _) = a, b
+    runs: dict[str, list] = {na: [], nb: []}
+    print(f"{label}: {pairs} pairs of requests one at a time (saved voice, PAI), alternating", flush=True)
     for i in range(pairs):
-        order = (("backend", split), ("embedded", embedded))
-        for name, target in order if i % 2 == 0 else order[::-1]:
+        for name, target in (a, b) if i % 2 == 0 else (b, a):
             runs[name].append(load.one(target, "voice", "pai", seed=i))
-        b, e = runs["backend"][-1], runs["embedded"][-1]
-        print(f"  pair {i}: first packet {b.first:6.2f}s backend, {e.first:6.2f}s embedded; total {b.total:6.2f}s, "
-              f"{e.total:6.2f}s", flush=True)
+        ra, rb = runs[na][-1], runs[nb][-1]
+        print(f"  pair {i}: first packet {ra.first:6.2f}s {na}, {rb.first:6.2f}s {nb}; total {ra.total:6.2f}s, "
+              f"{rb.total:6.2f}s", flush=True)
     # one at a time: each side's wall time is the sum of its requests' times
-    split_s, local = (load.summarize(runs[n], sum(r.total for r in runs[n] if r.ok) or 1.0) for n in runs)
-    if not (split_s["success"] == 1.0 and local["success"] == 1.0):
-        print("split cost: failed requests: " + "; ".join(split_s["errors"] + local["errors"]), flush=True)
-    fp, rtf = (100 * (split_s[k] / local[k] - 1) for k in ("first_p50", "rtf_p50"))
-    print(f"split cost at 1 concurrent (medians of {pairs}): first packet {split_s['first_p50']:.2f}s through the "
-          f"backend vs {local['first_p50']:.2f}s embedded ({fp:+.1f}%); RTF {split_s['rtf_p50']:.2f} vs "
-          f"{local['rtf_p50']:.2f} ({rtf:+.1f}%)", flush=True)
-    return {"backend": split_s, "embedded": local, "first_packet_pct": fp, "rtf_pct": rtf}
+    sa, sb = (load.summarize(runs[n], sum(r.total for r in runs[n] if r.ok) or 1.0) for n in (na, nb))
+    if not (sa["success"] == 1.0 and sb["success"] == 1.0):
+        print(f"{label}: failed requests: " + "; ".join(sa["errors"] + sb["errors"]), flush=True)
+    fp, rtf = (100 * (sa[k] / sb[k] - 1) for k in ("first_p50", "rtf_p50"))
+    print(f"{label} at 1 concurrent (medians of {pairs}): first packet {sa['first_p50']:.2f}s {na} vs "
+          f"{sb['first_p50']:.2f}s {nb} ({fp:+.1f}%, ratio {sa['first_p50'] / sb['first_p50']:.2f}); RTF "
+          f"{sa['rtf_p50']:.2f} vs {sb['rtf_p50']:.2f} ({rtf:+.1f}%)", flush=True)
+    return {na: sa, nb: sb, "first_packet_pct": fp, "rtf_pct": rtf}
 
 
 def main() -> None:
@@ -208,6 +213,7 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--capacity", action="store_true")
     ap.add_argument("--split_cost", action="store_true")
+    ap.add_argument("--baseline_root", type=Path, help="a checkout to compare with, request by request")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--backend_cpus", help="the backend's --cpus (default: vLLM's auto binding)")
     ap.add_argument("--frontend_cpus", help="the frontends' --cpus (default: every CPU)")
@@ -227,11 +233,11 @@ def main() -> None:
     data_dir = Path(tempfile.mkdtemp(prefix="cosy-bench-data-"))
     try:
         llm_url = args.backend_url
+        extra = ("--cpus", args.backend_cpus) if args.backend_cpus else ()
+        extra += ("--nice", str(args.backend_nice)) if args.backend_nice else ()
+        prefix = ("chrt", "--idle", "0") if args.backend_idle else ()
         if not llm_url:
             from lm_throughput import start_backend
-            extra = ("--cpus", args.backend_cpus) if args.backend_cpus else ()
-            extra += ("--nice", str(args.backend_nice)) if args.backend_nice else ()
-            prefix = ("chrt", "--idle", "0") if args.backend_idle else ()
             proc, llm_url = start_backend(model_dir, 8123, args.llm_api_key, extra, prefix)
             procs.append(proc)
         metrics = BackendMetrics(llm_url, args.llm_api_key)
@@ -261,7 +267,21 @@ def main() -> None:
             procs.append(proc)
             embedded = load.prepare(load.Target(embedded_url, args.api_key))
             load.run_level([embedded], ["voice"], ["pai"], 1, 1)  # warm-up
-            report["split_cost"] = split_cost(targets[0], embedded, max(6, args.requests))
+            report["split_cost"] = paired("split cost", ("backend", targets[0]), ("embedded", embedded),
+                                          max(6, args.requests))
+        if args.baseline_root:
+            from lm_throughput import start_backend
+            root = args.baseline_root.resolve()
+            env = {"PYTHONPATH": str(root)}  # its cosy, not this tree's (installed editable)
+            proc, base_url = start_backend(model_dir, 8124, args.llm_api_key, extra, prefix, env=env, root=root)
+            procs.append(proc)
+            proc, base_frontend = start_frontend(model_dir, data_dir, 8298, args, base_url, args.frontend_cpus,
+                                                 env=env, root=root)
+            procs.append(proc)
+            base = load.prepare(load.Target(base_frontend, args.api_key))
+            load.run_level([base], ["voice"], ["pai"], 1, 1)  # warm-up
+            report["baseline"] = paired("vs baseline", ("this tree", targets[0]), (f"{root}", base),
+                                        max(6, args.requests))
     finally:
         for p in reversed(procs):
             stop(p)

@@ -72,10 +72,13 @@ def measure(lm, embeds, n_tokens: int, concurrency: int) -> tuple[float, float, 
 
 
 def start_backend(model_dir: Path, port: int, key: str, extra: tuple[str, ...] = (),
-                  prefix: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([*prefix, sys.executable, str(ROOT / "launch" / "backend.py"), "--model_dir",
+                  prefix: tuple[str, ...] = (), env: dict[str, str] | None = None,
+                  root: Path = ROOT) -> tuple[subprocess.Popen, str]:
+    """`launch/backend.py` of the checkout `root` on `port` (`env`: variables added to ours); returns it and
+    its URL once ready."""
+    proc = subprocess.Popen([*prefix, sys.executable, str(root / "launch" / "backend.py"), "--model_dir",
                              str(model_dir), "--host", "127.0.0.1", "--port", str(port), "--api_key", key, *extra],
-                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, text=True, start_new_session=True, env={**os.environ, **(env or {})})
     for line in proc.stdout:
         print("  backend:", line.rstrip(), flush=True)
         if line.startswith("cosy backend ready:"):
