@@ -167,15 +167,26 @@ def test_cached_streaming_equals_recompute(model_dir, tensors):
     tokens = torch.cat([tensors["flow.prompt_token"]] * 3 + [tensors["flow.prompt_token"][:, :2]], dim=1)
     mel = torch.randn(1, 2 * tokens.shape[1], 80, generator=torch.Generator().manual_seed(5)) * 0.5 - 5
     chunks = []
-    for t2w, key in ((plain, None), (cached, "voice")):  # 62-token prompt: two chunks final without target
+    # 62-token prompt: two chunks final without target; then the same token by token as the engine pushes
+    # them, the prompt's last chunk computed ahead of the first chunk
+    for t2w, key, ahead in ((plain, None, False), (cached, "voice", False), (cached, "voice", True)):
         stream = t2w.stream(FlowPrompt(tokens, mel, tensors["flow.embedding"], key))
         out = []
         for i in range(0, 200, 50):
-            out += stream.push(tensors["flow.token"][0].tolist()[i % 100:i % 100 + 50])
+            new = tensors["flow.token"][0].tolist()[i % 100:i % 100 + 50]
+            for piece in ([t] for t in new) if ahead else [new]:
+                stream.add(piece)
+                if ahead and stream.ahead_due():
+                    stream.compute_ahead()
+                    assert stream.held is not None and stream.held.shape[2] == 2 * stream.first_pad
+                out += stream.push([])
+        assert stream.ahead_done == ahead
         chunks.append(out + [stream.finish()])
     assert cached.state_budget.voice("voice") is not None
-    assert [c.shape for c in chunks[0]] == [c.shape for c in chunks[1]] and len(chunks[0]) >= 3
-    assert max((a - b).abs().max() for a, b in zip(*chunks)) < 1e-3
+    assert [c.shape for c in chunks[0]] == [c.shape for c in chunks[1]] == [c.shape for c in chunks[2]]
+    assert len(chunks[0]) >= 3
+    assert max((a - b).abs().max() for a, b in zip(chunks[0], chunks[1])) < 1e-3
+    assert max((a - b).abs().max() for a, b in zip(chunks[0], chunks[2])) < 1e-3
 
 
 def test_dit_new_frames_equal_the_full_streaming_call(model_dir, tensors):

@@ -39,7 +39,9 @@ def long_prompt(key=None):
     return FlowPrompt(tokens, mel, CASES["flow.embedding"], key)
 
 
-def run(t2w, prompt, step, speed, seed=1):
+def run(t2w, prompt, step, speed, seed=1, ahead=False):
+    """The stream's HiFT inputs and audio chunks; `ahead`: token by token, as the engine pushes them, with
+    the prompt's last chunk computed ahead of the first chunk (`compute_ahead`), checked to have run."""
     mels, real = [], t2w.hift.inference
 
     def spy(mel, *a, **k):
@@ -51,7 +53,14 @@ def run(t2w, prompt, step, speed, seed=1):
         s = t2w.stream(prompt, speed=speed, seed=seed)
         chunks = []
         for i in range(0, len(TOKENS), step):
-            chunks += s.push(TOKENS[i:i + step])
+            if ahead:
+                s.add(TOKENS[i:i + step])
+                if s.ahead_due():
+                    assert len(s.tokens) == s.first_pad + t2w.lookahead and s.held is None
+                    s.compute_ahead()
+                    assert s.held is not None and s.held.shape[2] == 2 * s.first_pad and not mels
+            chunks += s.push(TOKENS[i:i + step] if not ahead else [])
+        assert s.ahead_done == ahead
         chunks.append(s.finish())
     finally:
         del t2w.hift.inference
@@ -72,6 +81,18 @@ def assert_same(a, b):
 def test_cached_stream_equals_recompute(plain, cached, make_prompt, step, speed):
     assert_same(run(plain, make_prompt(), step, speed), run(cached, make_prompt(), step, speed))
     assert cached.state_budget.used() == 0  # a finished stream holds nothing
+
+
+@pytest.mark.parametrize("make_prompt,key,speed", [(golden_prompt, None, 1.0), (long_prompt, None, 1.0),
+                                                   (long_prompt, "voice-ahead", 1.0), (long_prompt, "voice-ahead", 0.5)])
+def test_prompt_chunk_computed_ahead_equals_recompute(plain, make_prompt, key, speed):
+    """The frames that complete the prompt's last chunk, computed once its pad tokens are there (while the
+    LM makes the rest of the first chunk), then the first chunk from their state: the same chunks."""
+    cached = load_token2wav(GOLDEN / "model", cache_mb=256)  # its own budget: the other tests count theirs
+    want = run(plain, make_prompt(), 1, speed)
+    for _ in range(2 if key else 1):  # a saved voice: its prompt state computed, then reused
+        assert_same(want, run(cached, make_prompt(key), 1, speed, ahead=True))
+    assert cached.state_budget.used() == cached.state_budget._voice_bytes  # the streams hold nothing now
 
 
 def test_saved_voice_prompt_state_is_computed_once_and_shared(plain, cached):

@@ -265,6 +265,10 @@ class Engine:
             stream = self.t2w.stream(prompt, speed=req.speed, seed=seed)
             for token in tokens:
                 stream.add([token])
+                if stream.ahead_due():  # the first chunk's prompt part, while the LM makes the rest
+                    job = stream.ahead_job()
+                    run(True, lambda job=job: stream.compute_ahead(job), batch=Batch(self.t2w.run_chunks, job,
+                                                                                    job.frames))
                 while stream.due():  # each due chunk: its flow, then its HiFT step (both batchable)
                     first = stream.offset == 0
                     job = stream.chunk_job()

@@ -5,6 +5,8 @@ first hop is padded so that prompt + first chunk end on a chunk boundary; hops g
 chunk re-runs the flow over prompt + all tokens so far (chunk masks, fixed noise, so the prefix is
 unchanged) and keeps the new mel frames; how those become audio is the family's vocoder semantics
 (`cosy.pipeline.stream_vocoder`: CosyVoice2 crossfades HiFT chunks, CosyVoice3 re-vocodes the whole mel).
+With a state budget (the incremental flow) the frames that complete the prompt's last chunk are computed as
+soon as their tokens are there (`compute_ahead`), while the LM makes the rest of the first chunk's tokens.
 Unlike the official code, every piece of state lives in the per-request `Token2WavStream`, so concurrent
 requests share only read-only modules, and speed control also works while streaming.
 """
@@ -204,6 +206,8 @@ class Token2WavStream:
         self.stretcher = MelStretcher(speed) if speed != 1.0 else None
         self.vocoder = t2w.stream_vocoder(t2w.hift, generator, self.window)  # mel chunks -> audio chunks
         self.state: incremental.FlowState | None = None  # flow state of finished chunks (with a budget)
+        self.held: Tensor | None = None  # mel frames computed ahead of the first chunk (`compute_ahead`)
+        self.ahead_done = False
         self.finished = False
 
     def _next_hop(self) -> int:
@@ -218,6 +222,44 @@ class Token2WavStream:
     def due(self) -> bool:
         """Whether a chunk is ready to compute."""
         return len(self.tokens) - self.offset >= self._next_hop() + self.t2w.lookahead
+
+    def ahead_due(self) -> bool:
+        """Whether the frames that complete the prompt's last chunk (its `first_pad` tokens) can be computed
+        ahead of the first chunk (`compute_ahead`): their tokens and look-ahead are there, the first chunk's
+        are not yet. Computed then, while the LM makes the rest of the first chunk's tokens, they leave the
+        first chunk one chunk of flow instead of two (with a state budget only: the incremental flow).
+        They end on a chunk boundary (the pad exists for that), so chunk masks keep their values from
+        depending on later tokens: they are exactly what the first chunk would compute."""
+        flow = self.t2w.flow
+        chunk_frames = flow.stream_chunk_tokens * flow.cfg.token_mel_ratio
+        return (not self.ahead_done and self.offset == 0 and self.t2w.state_budget is not None
+                and len(self.tokens) >= self.first_pad + self.t2w.lookahead and not self.due()
+                and self._ahead_stop() % chunk_frames == 0)
+
+    def _ahead_stop(self) -> int:
+        return (self.prompt.tokens.shape[1] + self.first_pad) * self.t2w.flow.cfg.token_mel_ratio
+
+    @torch.inference_mode()
+    def compute_ahead(self, job: ChunkJob | None = None) -> None:
+        """Flow up to the end of the prompt's last chunk (`ahead_due` must hold), from the saved voice's
+        prompt state when there is one; its emitted frames are held until the first chunk, which continues
+        from its state. `job`: the `ahead_job()` already made, run here alone."""
+        job = job or self.ahead_job()
+        inputs = job.prepare()
+        job.finish(inputs, *incremental.sample_new(self.t2w.flow, inputs.mu, inputs.spks, inputs.cond,
+                                                   inputs.state))
+
+    def ahead_job(self) -> ChunkJob:
+        """`compute_ahead()` as a batchable job (`Token2Wav.run_chunks`: the same voice's streams batch);
+        its result is None. Run exactly one of the two, once."""
+        self.ahead_done = True
+        # without the look-ahead's frames (not final) the encoder's output ends at the chunk boundary
+        tokens = torch.tensor(self.tokens[:self.first_pad + self.t2w.lookahead], dtype=torch.int32).unsqueeze(0)
+
+        def finish(inputs: ChunkInputs, mel: Tensor, state: incremental.FlowState) -> None:
+            if self.t2w.state_budget.charge(id(self), state.nbytes):
+                self.state, self.held = state.compact(), mel[:, :, inputs.start - inputs.past:]
+        return ChunkJob(lambda: self._chunk_inputs(tokens), finish, self._ahead_stop() - self.prompt.mel.shape[1])
 
     @torch.inference_mode()
     def push(self, tokens: list[int] | Tensor) -> list[Tensor]:
@@ -298,7 +340,7 @@ class Token2WavStream:
 
     def close(self) -> None:
         """Drop the flow state (done by `finish`; call it for a stream given up early)."""
-        self.state = None
+        self.state = self.held = None
         if self.t2w.state_budget is not None:
             self.t2w.state_budget.release(id(self))
 
@@ -328,14 +370,18 @@ class Token2WavStream:
                 if 0 < n <= start:
                     _, state = incremental.sample_new(flow, mu, spks, cond, None, stop=n)
                     budget.put_voice(p.cache_key, state)
-        if state is not None and state.frames > start:
+        if state is not None and state.frames > start and self.held is None:
             state = None
         return ChunkInputs(mu, spks, cond, state, start)
 
     def _chunk_output(self, inputs: ChunkInputs, mel: Tensor, state: incremental.FlowState) -> Tensor:
-        """Keep the new state (within the budget) and return the frames this chunk emits."""
+        """Keep the new state (within the budget) and return the frames this chunk emits (after those
+        computed ahead of it, if any)."""
         self.state = state.compact() if self.t2w.state_budget.charge(id(self), state.nbytes) else None
-        return mel[:, :, inputs.start - inputs.past:]
+        out = mel[:, :, max(0, inputs.start - inputs.past):]
+        if self.held is not None:
+            out, self.held = torch.cat([self.held, out], dim=2), None
+        return out
 
     def _chunk(self, tokens: list[int], finalize: bool) -> Tensor:
         if not tokens and self.vocoder.empty:
