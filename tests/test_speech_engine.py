@@ -252,3 +252,33 @@ def test_the_record_of_batched_steps_stays_bounded():
     s.close()
     assert len(batched) >= RECENT_BATCHES + 100  # enough batched steps ran
     assert len(s.batches) == RECENT_BATCHES and all(n == 2 for _, n in s.batches)
+
+
+def test_a_stream_sure_to_reach_its_first_chunk_computes_the_prompt_chunk_ahead(engines, voice, monkeypatch):
+    """A text whose LM min_len reaches the first chunk: the engine computes the prompt's last chunk ahead
+    (while the LM makes the rest of the first chunk's tokens), with the same audio as the recomputing path;
+    a short text, which may end before its first chunk, does not (its final pass would redo the work)."""
+    from cosy.pipeline.token2wav import Token2WavStream
+
+    old, new = engines
+    calls = []
+    real = Token2WavStream.compute_ahead
+
+    def spy(self, job=None):
+        calls.append(len(self.tokens))
+        return real(self, job)
+
+    monkeypatch.setattr(Token2WavStream, "compute_ahead", spy)
+    long_text = "今天天气很好，我们一起去公园散步，看看花草树木，听听鸟儿唱歌，再去湖边坐一坐，晚上回家一起做饭吃。"
+    for kw in (dict(mode="voice", voice=voice), dict(mode="zero_shot", prompt_wav=ZS_WAV)):
+        req = SynthesisRequest(text=long_text, prompt_text=ZS_TEXT, seed=4, stream=True, **kw)
+        want = list(old.synthesize(req))
+        results: dict = {}
+        live(new.speech_runner, new, req, 0, results)
+        assert len(calls) == 1 and len(results[0]) == len(want) >= 2, (calls, len(want))  # first chunk, last
+        for a, b in zip(results[0], want):
+            assert a.shape == b.shape and (a - b).abs().max() < 1e-4
+        calls.clear()
+    live(new.speech_runner, new, SynthesisRequest(text=TEXTS[2], prompt_text=ZS_TEXT, seed=4, stream=True,
+                                                  mode="voice", voice=voice), 1, results)
+    assert not calls and results[1]

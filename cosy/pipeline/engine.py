@@ -128,7 +128,7 @@ class Engine:
         flow_prompt = FlowPrompt(features.speech_tokens, features.mel, features.embedding, key)
         if req.mode == "vc":
             tokens = self.prompts.speech_tokens(_load16k(req.source_wav))
-            yield from self._token2wav(iter(tokens.flatten().tolist()), flow_prompt, req, seed)
+            yield from self._token2wav(iter(tokens.flatten().tolist()), flow_prompt, req, seed, tokens.numel())
             return
         speech = features.speech_tokens.flatten().tolist()
         if req.ssml:
@@ -147,7 +147,7 @@ class Engine:
             params = dataclasses.replace(self.lm.sampling, greedy=True) if req.greedy else None
             tokens = drop_long_silence(self.lm.generate(embeds, min_len, max_len, seed=seed + i, params=params),
                                        self.family.tokens)
-            yield from self._token2wav(tokens, flow_prompt, req, seed + i)
+            yield from self._token2wav(tokens, flow_prompt, req, seed + i, min_len)
 
     def _ssml(self, req: SynthesisRequest, speech: list[int], flow_prompt: FlowPrompt,
               seed: int) -> Iterator[Tensor]:
@@ -250,7 +250,10 @@ class Engine:
         return self.prompts.encode(req.prompt_wav)
 
     def _token2wav(self, tokens: Iterator[int], prompt: FlowPrompt, req: SynthesisRequest,
-                   seed: int) -> Iterator[Tensor]:
+                   seed: int, min_tokens: int = 0) -> Iterator[Tensor]:
+        """`min_tokens`: how many tokens will surely come (the LM's min_len): the prompt's last chunk is
+        computed ahead only for a stream sure to reach its first chunk; a shorter one ends with the final,
+        full-attention pass, which recomputes everything, and the early work would be lost."""
         run = self.speech_runner or _run_here
         stream = None
         try:
@@ -263,9 +266,10 @@ class Engine:
                               batch=Batch(self.t2w.run_jobs, job, job.frames))
                 return
             stream = self.t2w.stream(prompt, speed=req.speed, seed=seed)
+            ahead = min_tokens >= stream.first_chunk_tokens
             for token in tokens:
                 stream.add([token])
-                if stream.ahead_due():  # the first chunk's prompt part, while the LM makes the rest
+                if ahead and stream.ahead_due():  # the first chunk's prompt part, while the LM makes the rest
                     job = stream.ahead_job()
                     run(True, lambda job=job: stream.compute_ahead(job), batch=Batch(self.t2w.run_chunks, job,
                                                                                     job.frames))

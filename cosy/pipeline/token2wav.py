@@ -210,6 +210,11 @@ class Token2WavStream:
         self.ahead_done = False
         self.finished = False
 
+    @property
+    def first_chunk_tokens(self) -> int:
+        """Tokens the first chunk waits for: the prompt's pad, one hop and the look-ahead."""
+        return self.first_pad + self.t2w.hop_len + self.t2w.lookahead
+
     def _next_hop(self) -> int:
         return self.hop + self.first_pad if self.offset == 0 else self.hop
 
@@ -227,7 +232,9 @@ class Token2WavStream:
         """Whether the frames that complete the prompt's last chunk (its `first_pad` tokens) can be computed
         ahead of the first chunk (`compute_ahead`): their tokens and look-ahead are there, the first chunk's
         are not yet. Computed then, while the LM makes the rest of the first chunk's tokens, they leave the
-        first chunk one chunk of flow instead of two (with a state budget only: the incremental flow).
+        first chunk one chunk of flow instead of two (with a state budget only: the incremental flow). Worth
+        it only for a stream sure to reach its first chunk (`first_chunk_tokens`): a shorter one ends with the
+        final pass, which recomputes everything.
         They end on a chunk boundary (the pad exists for that), so chunk masks keep their values from
         depending on later tokens: they are exactly what the first chunk would compute."""
         flow = self.t2w.flow
