@@ -48,6 +48,7 @@ def test_pin_restricts_the_process_and_names_missing_cpus():
     assert out.returncode != 0 and "CPU(s) 4096 are not available here" in out.stderr
 
 
+@pytest.mark.quick
 def test_backend_binds_vllm_openmp_to_its_cpus(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 8}))
     args, extra = parse_args(["--model_dir", str(tmp_path), "--no_api_key", "--cpus", "1,0"])
