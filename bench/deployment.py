@@ -32,6 +32,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -285,6 +286,7 @@ def main() -> None:
     finally:
         for p in reversed(procs):
             stop(p)
+        shutil.rmtree(data_dir, ignore_errors=True)  # the run's uploads and saved voices
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
 
