@@ -8,7 +8,8 @@ backend, timed token by token and work item by work item.
 
 Per LM and level (N requests started at once), medians over requests and --repeats of, in seconds since the
 request started: the first token, the token the first chunk waits for (the official schedule: one hop, the
-pad that aligns the prompt to a hop, and the look-ahead), when its flow started (the wait in between is the
+pad that aligns the prompt to a hop, and the look-ahead), when the prompt's last chunk computed ahead
+started and how long it took (0 when the stream computes none), when its flow started (the wait in between is the
 scheduler's queue behind other requests' work) and how long the flow and the HiFT step took, the first
 chunk, and the whole request. The HTTP surfaces add their encoding and transport on top (bench/deployment.py
 measures those end to end). Without --backend_url a backend is started on the model (`launch/backend.py`).
@@ -41,7 +42,7 @@ from cosy.pipeline.engine import Engine, SynthesisRequest  # noqa: E402
 from cosy.speech.request import LiveRequest  # noqa: E402
 from cosy.speech.scheduler import SpeechScheduler  # noqa: E402
 
-PARTS = ("token1", "token_need", "flow_start", "flow", "hift", "first", "total")
+PARTS = ("token1", "token_need", "ahead_start", "ahead", "flow_start", "flow", "hift", "first", "total")
 
 
 class Timeline(threading.local):
@@ -92,8 +93,12 @@ def one(engine: Engine, line: Timeline, scheduler: SpeechScheduler, voice, rid: 
     total = time.perf_counter() - line.start
     n, hop = voice.speech_tokens.shape[1], engine.t2w.hop_len  # the tokens the first chunk waits for
     need = hop + (-n) % hop + engine.t2w.lookahead
-    (_, flow_start, flow_end), (_, hift_start, hift_end) = line.items[:2]
+    # the items done by the first chunk: its flow and HiFT step, after the prompt chunk computed ahead if any
+    done = [item for item in line.items if item[2] <= first]
+    (_, flow_start, flow_end), (_, hift_start, hift_end) = done[-2:]
+    ahead = done[0] if len(done) == 3 else (0.0, 0.0, 0.0)
     return {"token1": line.tokens[0], "token_need": line.tokens[min(need, len(line.tokens)) - 1],
+            "ahead_start": ahead[1], "ahead": ahead[2] - ahead[1],
             "flow_start": flow_start, "flow": flow_end - flow_start, "hift": hift_end - hift_start,
             "first": first, "total": total, "need": need}
 
@@ -106,6 +111,7 @@ def level(engine: Engine, line: Timeline, scheduler: SpeechScheduler, voice, n: 
 def report(name: str, n: int, runs: list[dict[str, float]]) -> None:
     m = {k: statistics.median(r[k] for r in runs) for k in PARTS}
     print(f"{name:<9} x{n:<2} token 1 {m['token1']:6.2f}  token {runs[0]['need']} {m['token_need']:6.2f}  "
+          f"ahead starts {m['ahead_start']:6.2f}, takes {m['ahead']:5.2f}  "
           f"flow starts {m['flow_start']:6.2f}, takes {m['flow']:5.2f}  HiFT {m['hift']:5.2f}  "
           f"first chunk {m['first']:6.2f}  total {m['total']:6.2f}", flush=True)
 
