@@ -218,3 +218,45 @@ def test_cli_with_backend_writes_the_embedded_lms_audio(backend, tiny_model_dir,
     r = subprocess.run([sys.executable, "-m", "cosy", *common, "--llm_base_url", backend.url, "--llm_api_key",
                         "nope", "--out", str(tmp_path / "x.wav")], capture_output=True, text=True, timeout=600)
     assert r.returncode == 2 and "refused the API key (401)" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_token_stream_collected_inside_the_pools_lock_does_not_deadlock():
+    """A token stream dropped unclosed in a reference cycle (as an interrupted job leaves one) is closed by
+    the garbage collector, at any allocation: also inside the pool's own locked `_pick`, on the same thread.
+    Its `finally` takes the pool's lock to count the request out; with a plain lock that waited for ever.
+    Thresholds 1..30 land the collection at each allocation of `_pick`."""
+    import gc
+    pool = BackendPool([RemoteLM(f"http://127.0.0.1:{free_port()}/v1", "k", "m")])
+    backend = id(pool.backends[0])
+
+    def garbage_stream() -> None:
+        tokens = pool._stream(lambda b, retries: (t for t in (1, 2, 3)))
+        assert next(tokens) == 1  # in flight on the backend
+        holder: list = [tokens]
+        holder.append(holder)  # only the collector closes it
+
+    picks = 0
+
+    def sweep() -> None:
+        nonlocal picks
+        for k in range(1, 30):
+            gc.collect(0)
+            gc.disable()
+            garbage_stream()
+            gc.set_threshold(k)
+            gc.enable()
+            pool._pick(set())  # a new request's pick, where the collection lands
+            picks += 1
+        gc.set_threshold(*threshold)
+        gc.collect()
+
+    threshold = gc.get_threshold()
+    worker = threading.Thread(target=sweep, daemon=True)
+    try:
+        worker.start()
+        worker.join(30)
+    finally:
+        gc.set_threshold(*threshold)
+        gc.enable()
+    assert not worker.is_alive(), "a stream's finally waited on the pool's lock held by its own thread"
+    assert picks == 29 and pool.in_flight[backend] == picks  # every collected stream counted itself out

@@ -44,7 +44,9 @@ class BackendPool:
         self.dead_until = {id(b): 0.0 for b in backends}
         self.errors: dict[int, str] = {}
         self.probing: set[int] = set()  # cooling-down backends with a probe in flight
-        self._lock = threading.Lock()
+        # re-entrant: a stream's `finally` takes it, and the garbage collector may run that finally (of a
+        # generator dropped unclosed) inside `_pick` on the same thread; its counters stay consistent
+        self._lock = threading.RLock()
 
     def configure(self, stall_timeout: float | None = None, shared_health=None,
                   queue_timeout: float | None = None) -> None:

@@ -289,11 +289,13 @@ class Engine:
             if last.numel():
                 yield last
         finally:  # the caller went away: stop the LM now (a remote backend aborts the request)
-            if stream is not None:
-                stream.close()
-            close = getattr(tokens, "close", None)
-            if close:
-                close()
+            try:
+                if stream is not None:
+                    stream.close()
+            finally:  # even if a cancel's interrupt lands in stream.close()
+                close = getattr(tokens, "close", None)
+                if close:
+                    close()
 
 
 def _run_here(first: bool, fn, batch=None):

@@ -12,7 +12,7 @@ mel frame, 220 MiB per second of audio or prompt; half in bf16.
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 
 from cosy.flow.incremental import FlowState
 
@@ -26,13 +26,21 @@ class StateBudget:
         self._streams: dict[int, int] = {}  # owner id -> bytes
         self._voices: OrderedDict[str, FlowState] = OrderedDict()
         self._voice_bytes = 0
+        self._released: deque[int] = deque()  # owners let go of, not yet dropped (see `release`)
+
+    def _drop_released(self) -> None:
+        """Under the lock: forget what released owners held."""
+        while self._released:
+            self._streams.pop(self._released.popleft(), None)
 
     def used(self) -> int:
         with self._lock:
+            self._drop_released()
             return self._voice_bytes + sum(self._streams.values())
 
     def voice(self, key: str) -> FlowState | None:
         with self._lock:
+            self._drop_released()
             state = self._voices.get(key)
             if state is not None:
                 self._voices.move_to_end(key)
@@ -41,6 +49,7 @@ class StateBudget:
     def put_voice(self, key: str, state: FlowState) -> bool:
         n = state.nbytes
         with self._lock:
+            self._drop_released()
             if n > self.voice_cap or key in self._voices:
                 return key in self._voices
             while self._voices and (self._voice_bytes + n > self.voice_cap
@@ -56,6 +65,7 @@ class StateBudget:
     def charge(self, owner: int, nbytes: int) -> bool:
         """Set what `owner` holds; False (and nothing held) when it would overflow the budget."""
         with self._lock:
+            self._drop_released()
             others = self._voice_bytes + sum(b for o, b in self._streams.items() if o != owner)
             if others + nbytes > self.budget:
                 self._streams.pop(owner, None)
@@ -68,5 +78,8 @@ class StateBudget:
         return max(0, self.budget - self.used())
 
     def release(self, owner: int) -> None:
-        with self._lock:
-            self._streams.pop(owner, None)
+        """Let go of what `owner` holds; the next call drops it. Takes no lock: streams release from
+        finalizers (a stream's `__del__`, a generator's `finally`), which the garbage collector runs at any
+        allocation, also inside one of these methods on the same thread, where taking the lock would wait
+        for ever (the CI's stuck worker)."""
+        self._released.append(owner)
