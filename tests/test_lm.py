@@ -372,3 +372,17 @@ def test_cpu_linear_fast_path_equals_f_linear():
         fast = lin(x)
     assert torch.allclose(fast, torch.nn.functional.linear(x, lin.weight, lin.bias), atol=1e-5, rtol=0)
     assert lin(x).requires_grad  # with autograd on it is plain F.linear
+
+
+def test_grouped_attention_with_heads_expanded_equals_the_grouped_kernel():
+    """CUDA in float32 expands each k/v head for its group (the memory-efficient kernel refuses enable_gqa);
+    the result must be what the grouped call gives, for decode, prefill and a chunk after a cache."""
+    from cosy.lm.qwen2 import grouped_attention
+    g = torch.Generator().manual_seed(0)
+    k, v = (torch.randn(1, 2, 9, 16, generator=g) for _ in range(2))  # 2 k/v heads for 14 query heads
+    for n, kw in ((1, {}), (9, {"is_causal": True}),
+                  (4, {"attn_mask": torch.ones(4, 9, dtype=torch.bool).tril(diagonal=5)})):
+        q = torch.randn(1, 14, n, 16, generator=g)
+        want = grouped_attention(q, k, v, False, **kw)
+        assert torch.allclose(grouped_attention(q, k, v, True, **kw), want, atol=1e-6)
+

@@ -107,6 +107,7 @@ class DiTFlowModel(nn.Module):
         dev = self.spk_embed_affine_layer.weight.device
         dtype = self.spk_embed_affine_layer.weight.dtype
         seqs = [torch.cat([pt.to(dev), t.to(dev)], dim=1)[0] for t, pt, _, _ in rows]
+        n_mel = [s.numel() * cfg.token_mel_ratio for s in seqs]  # host lengths: no device read per row
         lengths = torch.tensor([s.numel() for s in seqs], device=dev)
         tokens = nn.utils.rnn.pad_sequence(seqs, batch_first=True, padding_value=0)
         valid_tokens = torch.arange(tokens.size(1), device=dev).unsqueeze(0) < lengths.unsqueeze(1)
@@ -117,6 +118,6 @@ class DiTFlowModel(nn.Module):
         mel_lengths = lengths * cfg.token_mel_ratio
         valid = (torch.arange(h.size(1), device=dev).unsqueeze(0) < mel_lengths.unsqueeze(1)).to(h.dtype)
         mu = (h.transpose(1, 2) * valid.unsqueeze(1)).contiguous()
-        cond = prompt_cond([pf for _, _, pf, _ in rows], mel_lengths.tolist(), h, cfg.output_size)
+        cond = prompt_cond([pf for _, _, pf, _ in rows], n_mel, h, cfg.output_size)
         mel = self.decoder(mu, spks, cond, False, lengths=mel_lengths)
-        return [mel[i:i + 1, :, pf.size(1):int(mel_lengths[i])].float() for i, (_, _, pf, _) in enumerate(rows)]
+        return [mel[i:i + 1, :, pf.size(1):n].float() for i, ((_, _, pf, _), n) in enumerate(zip(rows, n_mel))]

@@ -28,7 +28,7 @@ class EmbeddedSteps:
     def __init__(self, lm: SpeechLM, params: SamplingParams | None = None, seed: int | None = None,
                  sampler: Sampler | None = None, capacity: int = 512):
         self.lm, self.params = lm, params or lm.sampling
-        self.gen = torch.Generator(device=lm.device)
+        self.gen = torch.Generator()  # on the CPU: the sampler draws there (cosy.lm.sampling)
         if seed is None:
             self.gen.seed()
         else:

@@ -144,7 +144,7 @@ class SpeechLM(nn.Module):
         the same tokens; the global RNG is not touched (seed None draws a fresh seed from the OS).
         """
         p = params or self.sampling
-        gen = torch.Generator(device=self.device)
+        gen = torch.Generator()  # on the CPU: the sampler draws there (cosy.lm.sampling)
         if seed is None:
             gen.seed()
         else:

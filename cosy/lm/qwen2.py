@@ -91,6 +91,16 @@ class Qwen2RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
+def grouped_attention(q: Tensor, k: Tensor, v: Tensor, expand: bool, **kw) -> Tensor:
+    """SDPA of q (B, heads, L, D) over grouped k/v (B, kv_heads, T, D). `expand`: repeat each k/v head for its
+    group first (CUDA in float32: there the memory-efficient kernel refuses `enable_gqa` and SDPA would fall
+    to its slowest, math kernel; flash, for half dtypes, and the CPU take the groups as they are)."""
+    if expand:
+        group = q.size(1) // k.size(1)
+        return F.scaled_dot_product_attention(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), **kw)
+    return F.scaled_dot_product_attention(q, k, v, enable_gqa=True, **kw)
+
+
 class Qwen2Attention(nn.Module):
     def __init__(self, cfg: LMConfig, layer_idx: int):
         super().__init__()
@@ -116,13 +126,14 @@ class Qwen2Attention(nn.Module):
         v_all[:, :, start:].copy_(v)
         # branch on the lengths in Python (not `is_causal=n > 1`): under `--compile` n is symbolic, and a
         # symbolic bool argument broke the graph, which sent the whole stack back to eager
+        expand = q.is_cuda and q.dtype == torch.float32
         if n == 1:  # decode (or a 1-position prefill): the new position sees everything
-            out = F.scaled_dot_product_attention(q, k_all, v_all, enable_gqa=True)
+            out = grouped_attention(q, k_all, v_all, expand)
         elif start == 0:  # prefill: plain causal
-            out = F.scaled_dot_product_attention(q, k_all, v_all, is_causal=True, enable_gqa=True)
+            out = grouped_attention(q, k_all, v_all, expand, is_causal=True)
         else:  # a chunk after a cache: causal within the chunk, offset by `start`
             mask = torch.ones(n, end, dtype=torch.bool, device=x.device).tril(diagonal=start)
-            out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, enable_gqa=True)
+            out = grouped_attention(q, k_all, v_all, expand, attn_mask=mask)
         return self.o_proj(out.transpose(1, 2).reshape(b, n, self.n_heads * self.head_dim))
 
 

@@ -11,8 +11,11 @@ Official steps for one decode step (`Qwen2LM.sampling_ids` -> `ras_sampling`):
 So, with p_n the nucleus distribution, R the set of tokens over the repetition threshold, and p_f^(-y) the
 full softmax without y:  P(x) = p_n(x) [x not in R] + sum_{y in R} p_n(y) p_f^(-y)(x).
 
-Randomness comes only from the caller's torch.Generator (the official code uses the global RNG). The ids
-come from the model family's `SpeechTokens` (`ModelDir(path).family.tokens`), never from constants here.
+Randomness comes only from the caller's torch.Generator (the official code uses the global RNG), a CPU one
+whatever the model's device: on a GPU the sampler reads the device once per token (the top_k head of the
+sorted probs, values and ids together) and draws on the host, so the same seed draws the same tokens from the
+same logits on any device. Only a repeated token's second draw reads the full softmax too. The ids come
+from the model family's `SpeechTokens` (`ModelDir(path).family.tokens`), never from constants here.
 """
 from __future__ import annotations
 
@@ -33,13 +36,14 @@ def _scores(logits: Tensor, mask_eos: bool, tokens: SpeechTokens) -> Tensor:
 
 
 def _nucleus(probs: Tensor, p: SamplingParams) -> tuple[Tensor, Tensor]:
-    """Kept probs (float32, not renormalised) and their token ids, in the official order."""
+    """Kept probs (float32, not renormalised) and their token ids, in the official order, on the CPU."""
     values, ids = probs.sort(descending=True, stable=True)
-    head = values[:p.top_k].cpu().numpy()
-    running = np.cumsum(head, dtype=np.float32)  # sequential float32 sums, like the official loop
+    # one read of the device: ids ride along as float32 (exact below 2**24)
+    head = torch.stack((values[:p.top_k], ids[:p.top_k].to(values.dtype))).cpu()
+    running = np.cumsum(head[0].numpy(), dtype=np.float32)  # sequential float32 sums, like the official loop
     # token i is kept while the sum of the tokens before it is < top_p (the first one always)
     n = 1 + int(np.count_nonzero(running[:-1] < p.top_p)) if p.top_p > 0 else 0
-    return values[:n], ids[:n]
+    return head[0, :n], head[1, :n].long()
 
 
 def _repeated(token: int, history: list[int], p: SamplingParams) -> bool:
@@ -49,8 +53,8 @@ def _repeated(token: int, history: list[int], p: SamplingParams) -> bool:
 
 def ras_sample(logits: Tensor, history: list[int], p: SamplingParams, generator: torch.Generator,
                mask_eos: bool, *, tokens: SpeechTokens) -> int:
-    """Draw the next token. logits: (V,) raw `llm_decoder` output; history: tokens output so far;
-    mask_eos: before min_len (masks `tokens.min_len_mask`)."""
+    """Draw the next token. logits: (V,) raw `llm_decoder` output on any device; history: tokens output so
+    far; generator: a CPU one; mask_eos: before min_len (masks `tokens.min_len_mask`)."""
     scores = _scores(logits, mask_eos, tokens)
     if p.greedy:
         return int(scores.argmax())
@@ -58,7 +62,7 @@ def ras_sample(logits: Tensor, history: list[int], p: SamplingParams, generator:
     token = int(ids[torch.multinomial(kept, 1, replacement=True, generator=generator)])
     if _repeated(token, history, p):
         scores[token] = float("-inf")
-        full = scores.softmax(dim=0)
+        full = scores.softmax(dim=0).cpu()
         if not bool(torch.isfinite(full).all()):  # y held all the mass: nothing else can be drawn
             return token
         token = int(torch.multinomial(full, 1, replacement=True, generator=generator))

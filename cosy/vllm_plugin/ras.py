@@ -128,7 +128,7 @@ def ras_logprobs(logits: Tensor, history: list[int], p: SamplingParams, mask_eos
     P(x) = p_n(x) [x not in R] + sum_{y in R} p_n(y) p_f^(-y)(x), p_f^(-y) the full softmax without y.
     """
     scores = _scores(logits, mask_eos, tokens)  # float32 log-probs, eos masked before min_len
-    kept, ids = _nucleus(scores.softmax(dim=0), p)
+    kept, ids = (t.to(scores.device) for t in _nucleus(scores.softmax(dim=0), p))  # (_nucleus: on the CPU)
     p_n = kept.double() / kept.double().sum()
     ids_list, w_list = ids.tolist(), p_n.tolist()
     rep = [i for i, t in enumerate(ids_list) if w_list[i] > 0 and _repeated(t, history, p)]
