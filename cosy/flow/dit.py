@@ -30,7 +30,8 @@ class TimestepEmbedding(nn.Module):
         self.time_mlp = nn.Sequential(nn.Linear(freq_dim, dim), nn.SiLU(), nn.Linear(dim, dim))
 
     def forward(self, t: Tensor) -> Tensor:
-        return self.time_mlp(timestep_embedding(t, self.freq_dim))
+        # the sinusoid in float32 (see timestep_embedding), the MLP in the estimator's dtype
+        return self.time_mlp(timestep_embedding(t, self.freq_dim).to(self.time_mlp[0].weight.dtype))
 
 
 class CausalConvPositionEmbedding(nn.Module):
