@@ -1,38 +1,40 @@
 #!/usr/bin/env bash
-# The prepared GPU check: everything a first CUDA run of the frontend side does, in fp32 and in a half dtype,
-# with the numbers to judge it. Needs only a CUDA build of torch plus the small wheels of bench/gpu_wheels.txt
-# (no vLLM, no Gradio); at most 8 minutes (BUDGET=480 s, the model build included) on one GPU at full size.
+# The prepared GPU check: everything a first CUDA run of the frontend side does, for both model families, in
+# fp32 and in a half dtype, with the numbers to judge it. Needs only a CUDA build of torch plus the small wheels
+# of bench/gpu_wheels.txt (no vLLM, no Gradio); the step limits add up to the 480 s budget (BUDGET), the model
+# builds included, on one GPU at full size.
 #
-#     bash bench/gpu_check.sh                     # cuda, full-size random model, fp32 and bfloat16
-#     DEVICE=cpu bash bench/gpu_check.sh          # the same steps on the CPU: tiny model, bfloat16, few tokens
-#     DTYPE=float16 SIZE=tiny TOKENS=50 TEXT=你好。 OUT=/tmp/gc bash bench/gpu_check.sh
+#     bash bench/gpu_check.sh                     # cuda, full-size random models, fp32 and bfloat16
+#     DEVICE=cpu bash bench/gpu_check.sh          # the rehearsal: the same steps on the CPU, tiny models
+#     DTYPE=float16 SIZE=tiny TOKENS=50 OUT=/tmp/gc COMPILE=1 bash bench/gpu_check.sh
 #
-# Wheels: if the packages of bench/gpu_wheels.txt are missing and .whl/ holds them, they are installed into
-# /tmp/cosy-site first (no index, no network). Steps, each under its own time limit, each printing its figures:
-#   1. build the random model (python -m cosy.random_model)
-#   2. the CLI in every mode (zero_shot + --save_voice, cross_lingual, instruct, voice, vc), streaming, speed 1.5,
-#      once per dtype: first-chunk latency, RTF, peak GPU memory
-#   3. bench/dtype_diff.py: mel, streamed audio and LM distribution of the half dtype (and fp32+TF32) against
-#      strict fp32, same inputs
-#   4. bench/synthesis.py per dtype: stage times, LM tokens/s, RTF and first chunk per mode, peak GPU memory
-#   5. bench/lm_throughput.py, embedded LM, per dtype: tokens/s and TTFT at 1 and 8 concurrent, peak GPU memory
-#   6. bench/compile_check.py in DTYPE (last: it may take the rest of the budget): --compile against eager,
-#      compile time, speed and difference (flow and LM); then bench/flow_batch.py (rows 1,4,8): what batching
-#      flows and HiFT across requests buys on the GPU
-# A summary of the CLI lines follows; the exit status is 1 if a step failed, ran out of time or was skipped
-# because the budget was spent. On the CPU the limits are SLOW (4) times longer.
+# On the lent device (`run`, carry [".whl"]): the wheels of bench/gpu_wheels.txt, fetched here into .whl/ by
+# the command in that file, are installed into /tmp/cosy-site when the packages are missing (no index, no
+# network). Steps, each under its own time limit, each printing its figures as it goes:
+#   1. build-cv2: the full-size random CosyVoice2 model (python -m cosy.random_model)
+#   2. first-cv2: bench/gpu_first.py, fp32 and DTYPE: every mode streamed through the speech engine's worker
+#      pool (incremental flow with its state cache), then a saved voice at 1, 4 and 8 streams: first chunk
+#      p50/p95, RTF, the worker's peak GPU memory
+#   3. build-cv3, first-cv3: the same for Fun-CosyVoice3
+#   4. cli: the CLI on the device (zero_shot + --save_voice, streaming, speed 1.5, DTYPE)
+#   5. dtype-diff: bench/dtype_diff.py, mel, streamed audio and LM distribution of DTYPE (and fp32+TF32)
+#      against strict fp32, same inputs (CosyVoice2)
+#   6. lm: bench/lm_throughput.py, embedded LM in DTYPE: tokens/s and TTFT at 1 and 8 concurrent
+#   7. flow-batch: bench/flow_batch.py (rows 1,4,8): what batching flows and HiFT across requests buys
+#   8. with COMPILE=1 only (minutes of inductor at full size: a later slot's step): bench/compile_check.py
+# A summary follows; the exit status is 1 if a step failed, ran out of time or was skipped because the budget
+# was spent. On the CPU the limits are SLOW (4) times longer.
 set -u
 cd "$(dirname "$0")/.."
 DEVICE=${DEVICE:-cuda}
 if [ "$DEVICE" = cpu ]; then  # SLOW: the step time limits' factor
-  SIZE=${SIZE:-tiny}; DTYPE=${DTYPE:-bfloat16}; TOKENS=${TOKENS:-30}; REPEATS=${REPEATS:-1}; CONC=${CONC:-2}
+  SIZE=${SIZE:-tiny}; DTYPE=${DTYPE:-bfloat16}; TOKENS=${TOKENS:-30}; CONC=${CONC:-1,2}
   LM_CONC=${LM_CONC:-1,2}; SLOW=${SLOW:-4}
 else
-  SIZE=${SIZE:-full}; DTYPE=${DTYPE:-bfloat16}; TOKENS=${TOKENS:-100}; REPEATS=${REPEATS:-1}; CONC=${CONC:-4}
+  SIZE=${SIZE:-full}; DTYPE=${DTYPE:-bfloat16}; TOKENS=${TOKENS:-100}; CONC=${CONC:-1,4,8}
   LM_CONC=${LM_CONC:-1,8}; SLOW=${SLOW:-1}
 fi
 OUT=${OUT:-$(mktemp -d /tmp/cosy-gpu-check.XXXXXX)}
-MODEL=${MODEL:-$OUT/model-$SIZE}
 PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 mkdir -p "$OUT"
@@ -67,47 +69,35 @@ bad = [m for m in ("gradio", "vllm", "openai") if m in sys.modules]
 sys.exit(f"gpu_check: the CLI imported {bad}") if bad else None
 PYEOF
 
-[ -f "$MODEL/llm.pt" ] || step 150 build $PY -m cosy.random_model "$MODEL" --size "$SIZE" --seed 0 || exit 1
+CV2=$OUT/model-$SIZE-cosyvoice2 CV3=$OUT/model-$SIZE-cosyvoice3  # built once into $OUT
+first=($PY bench/gpu_first.py --device "$DEVICE" --dtypes "float32,$DTYPE" --tokens "$TOKENS" --concurrency "$CONC"
+       --threads 4)
+[ -f "$CV2/llm.pt" ] || step 80 build-cv2 $PY -m cosy.random_model "$CV2" --family cosyvoice2 --size "$SIZE" \
+  --seed 0 || exit 1
+step 100 first-cv2 "${first[@]}" --model_dir "$CV2"
+{ [ -f "$CV3/llm.pt" ] || step 60 build-cv3 $PY -m cosy.random_model "$CV3" --family cosyvoice3 --size "$SIZE" \
+  --seed 0; } && step 90 first-cv3 "${first[@]}" --model_dir "$CV3"
 
-# random weights rarely stop early: the LM runs to its max length (20 tokens a text token), so short texts
+# random weights rarely stop early: the LM runs to its max length (20 tokens a text token), so a short text
 [ "$DEVICE" = cpu ] && TEXT=${TEXT:-你好。} || TEXT=${TEXT:-收到好友从远方寄来的生日礼物。}
-PROMPT_TEXT="希望你以后能够做的比我还好呦。"
-WAV=assets/zero_shot_prompt.wav
-for dt in float32 "$DTYPE"; do
-  cli=($PY -m cosy --model_dir "$MODEL" --device "$DEVICE" --dtype "$dt" --stream --speed 1.5 --seed 0
-       --data_dir "$OUT/data" --text "$TEXT")
-  step 60 "cli-$dt-zero_shot" "${cli[@]}" --mode zero_shot --prompt_wav $WAV --prompt_text "$PROMPT_TEXT" \
-    --save_voice "gpucheck_$dt" --out "$OUT/$dt-zero_shot.wav"
-  step 60 "cli-$dt-cross_lingual" "${cli[@]}" --mode cross_lingual --prompt_wav $WAV --out "$OUT/$dt-cross_lingual.wav"
-  step 60 "cli-$dt-instruct" "${cli[@]}" --mode instruct --prompt_wav $WAV --instruct_text "用开心的语气说这句话" \
-    --out "$OUT/$dt-instruct.wav"
-  step 60 "cli-$dt-voice" "${cli[@]}" --mode voice --voice_id "gpucheck_$dt" --out "$OUT/$dt-voice.wav"
-  step 60 "cli-$dt-vc" "${cli[@]}" --mode vc --prompt_wav $WAV --source_wav assets/cross_lingual_prompt.wav \
-    --out "$OUT/$dt-vc.wav"
-done
-
-step 90 dtype-diff $PY bench/dtype_diff.py --model_dir "$MODEL" --device "$DEVICE" --dtype "$DTYPE" --tokens "$TOKENS"
-for dt in float32 "$DTYPE"; do
-  step 120 "synthesis-$dt" $PY bench/synthesis.py --model_dir "$MODEL" --device "$DEVICE" --dtype "$dt" \
-    --tokens "$TOKENS" --repeats "$REPEATS" --concurrency "$CONC"
-done
-for dt in float32 "$DTYPE"; do
-  step 60 "lm-$dt" $PY bench/lm_throughput.py --model_dir "$MODEL" --device "$DEVICE" --dtype "$dt" \
-    --tokens "$TOKENS" --concurrency "$LM_CONC"
-done
-
-step 120 compile $PY bench/compile_check.py --model_dir "$MODEL" --device "$DEVICE" --dtype "$DTYPE" \
-  --tokens "$TOKENS"
-step 60 flow-batch $PY bench/flow_batch.py --model_dir "$MODEL" --device "$DEVICE" --dtype "$DTYPE" \
+step 30 cli $PY -m cosy --model_dir "$CV2" --device "$DEVICE" --dtype "$DTYPE" --stream --speed 1.5 --seed 0 \
+  --data_dir "$OUT/data" --text "$TEXT" --mode zero_shot --prompt_wav assets/zero_shot_prompt.wav \
+  --prompt_text "希望你以后能够做的比我还好呦。" --save_voice gpucheck --out "$OUT/cli-zero_shot.wav"
+step 40 dtype-diff $PY bench/dtype_diff.py --model_dir "$CV2" --device "$DEVICE" --dtype "$DTYPE" --tokens "$TOKENS"
+step 40 lm $PY bench/lm_throughput.py --model_dir "$CV2" --device "$DEVICE" --dtype "$DTYPE" --tokens "$TOKENS" \
+  --concurrency "$LM_CONC"
+step 40 flow-batch $PY bench/flow_batch.py --model_dir "$CV2" --device "$DEVICE" --dtype "$DTYPE" \
   --tokens "$TOKENS" --rows 1,4,8
+[ "${COMPILE:-0}" = 1 ] && step 240 compile $PY bench/compile_check.py --model_dir "$CV2" --device "$DEVICE" \
+  --dtype "$DTYPE" --tokens "$TOKENS"
 
 echo "== summary ($(( SECONDS - start )) s; logs and wavs in $OUT)"
-for f in "$OUT"/cli-*.log; do printf '%-28s %s\n' "$(basename "$f" .log)" "$(grep -h '^wrote ' "$f" | sed 's/^wrote [^:]*: //')"; done
-grep -h -E '^(float32\+TF32|bfloat16|float16) ' "$OUT/dtype-diff.log" 2>/dev/null
-grep -h -E '^(flow|lm) .*(compiled|eager)' "$OUT/compile.log" 2>/dev/null
-for f in "$OUT"/synthesis-*.log "$OUT"/lm-*.log; do
-  [ -f "$f" ] && grep -E 'stages:|peak GPU|^embedded |^(zero_shot|cross_lingual|instruct|voice) ' "$f" \
-    | sed "s/^/$(basename "$f" .log): /"
+for f in "$OUT"/first-*.log; do
+  [ -f "$f" ] && grep -E '^[A-Za-z0-9-]+ (float|bfloat)|^  ' "$f" | sed "s/^/$(basename "$f" .log): /"
 done
+[ -f "$OUT/cli.log" ] && grep -h '^wrote ' "$OUT/cli.log" | sed 's/^/cli: /'
+grep -h -E '^(float32\+TF32|bfloat16|float16) ' "$OUT/dtype-diff.log" 2>/dev/null
+grep -h -E 'peak GPU|^embedded ' "$OUT/lm.log" 2>/dev/null | sed 's/^/lm: /'
+grep -h -E '^(flow|lm) .*(compiled|eager)' "$OUT/compile.log" 2>/dev/null
 [ "$failed" = 0 ] && echo "gpu_check: all steps passed" || echo "gpu_check: some steps FAILED"
 exit "$failed"
