@@ -72,11 +72,11 @@ PYEOF
 CV2=$OUT/model-$SIZE-cosyvoice2 CV3=$OUT/model-$SIZE-cosyvoice3  # built once into $OUT
 first=($PY bench/gpu_first.py --device "$DEVICE" --dtypes "float32,$DTYPE" --tokens "$TOKENS" --concurrency "$CONC"
        --threads 4)
-[ -f "$CV2/llm.pt" ] || step 80 build-cv2 $PY -m cosy.random_model "$CV2" --family cosyvoice2 --size "$SIZE" \
+[ -f "$CV2/llm.pt" ] || step 40 build-cv2 $PY -m cosy.random_model "$CV2" --family cosyvoice2 --size "$SIZE" \
   --seed 0 || exit 1
-step 100 first-cv2 "${first[@]}" --model_dir "$CV2"
-{ [ -f "$CV3/llm.pt" ] || step 60 build-cv3 $PY -m cosy.random_model "$CV3" --family cosyvoice3 --size "$SIZE" \
-  --seed 0; } && step 90 first-cv3 "${first[@]}" --model_dir "$CV3"
+step 130 first-cv2 "${first[@]}" --model_dir "$CV2"
+{ [ -f "$CV3/llm.pt" ] || step 40 build-cv3 $PY -m cosy.random_model "$CV3" --family cosyvoice3 --size "$SIZE" \
+  --seed 0; } && step 120 first-cv3 "${first[@]}" --model_dir "$CV3"
 
 # random weights rarely stop early: the LM runs to its max length (20 tokens a text token), so a short text
 [ "$DEVICE" = cpu ] && TEXT=${TEXT:-你好。} || TEXT=${TEXT:-收到好友从远方寄来的生日礼物。}
