@@ -1,7 +1,7 @@
 """LM throughput: tokens/s and time to first token at 1, 8 and 16 concurrent requests, embedded LM vs a
 vLLM backend (`launch/backend.py`), fixed token counts.
 
-    python bench/lm_throughput.py [--model_dir DIR] [--tokens 100] [--concurrency 1,8,16] [--repeats 1]
+    python bench/lm_throughput.py [--model_dir DIR] [--tokens 100] [--concurrency 1,8,16] [--repeats 1] [--lm_batch 8]
                                   [--backend_url URL --api_key KEY | --start_backend [--backend_cpus LIST]
                                    [--backend_nice N]]
                                   [--device cuda --dtype bfloat16 --no_tf32]   (the embedded LM's)
@@ -97,6 +97,9 @@ def main() -> None:
     ap.add_argument("--api_key", default=os.environ.get("COSY_LLM_API_KEY", "bench-key"))
     ap.add_argument("--start_backend", action="store_true")
     ap.add_argument("--skip_embedded", action="store_true")
+    ap.add_argument("--lm_batch", type=int, default=0,
+                    help="also measure the embedded LM decoding up to N requests a step (cosy.lm.decode_batch; "
+                         "the app's --lm_batch), as 'batched'")
     ap.add_argument("--backend_cpus", default=None, help="--start_backend: its --cpus (default: vLLM's binding)")
     ap.add_argument("--backend_nice", type=int, default=0, help="--start_backend: its --nice N")
     ap.add_argument("--repeats", type=int, default=1, help="measurements per LM and level (medians printed)")
@@ -109,12 +112,15 @@ def main() -> None:
         write_random_model(model_dir, "full", seed=0)
     levels = [int(c) for c in args.concurrency.split(",")]
     print(f"model {model_dir}; {args.tokens} tokens per request; prompt 131 positions; embedded LM on "
-          f"{args.device} ({args.dtype}); medians of {args.repeats}, the two LMs alternating")
+          f"{args.device} ({args.dtype}); medians of {args.repeats}, the LMs alternating")
     lms: dict[str, tuple] = {}  # name -> (generate-able LM, its prompt embeddings)
     if not args.skip_embedded:
         set_tf32(args.device, args.tf32)
         lm = SpeechLM.from_model_dir(model_dir, device=args.device, dtype=DTYPES[args.dtype])
         lms["embedded"] = (lm, prompt(lm.prompt_embeds))
+        if args.lm_batch > 1:
+            from cosy.lm.decode_batch import BatchedLM
+            lms["batched"] = (BatchedLM(lm, args.lm_batch), lms["embedded"][1])
     proc = None
     url = args.backend_url
     if args.start_backend:

@@ -41,6 +41,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="most requests of a worker whose whole-utterance (or final streaming chunk) flow runs "
                         "as one padded batch (default 1 on cpu, where a batch row costs as much as a solo run; "
                         "8 on cuda)")
+    p.add_argument("--lm_batch", type=int, default=0,
+                   help="embedded LM only: decode up to N of a worker's live requests as one batch per step "
+                        "(needs --max_batch > 1; a row's logits then equal its solo ones within float rounding, "
+                        "so the same seed may draw other tokens under load; default 0: each request decodes "
+                        "alone)")
     p.add_argument("--speech_cache_mb", type=int, default=None,
                    help="MiB of streaming flow state per worker, so chunks compute only new frames and saved "
                         "voices reuse their prompt (about 220 MiB per second held; default 2048 on cpu, "
@@ -111,6 +116,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.workers < 1 or args.max_queue < 0 or any(v is not None and v < 1
                                                      for v in (args.max_batch, args.flow_batch)):
         p.error("--workers, --max_batch and --flow_batch must be >= 1 and --max_queue >= 0")
+    if args.lm_batch < 0:
+        p.error("--lm_batch must be >= 0")
     if args.fixed_tokens < 0:
         p.error("--fixed_tokens must be >= 0")
     if args.cpus is not None:

@@ -63,6 +63,7 @@ def build_service(args: argparse.Namespace, env: dict[str, str] | None = None) -
                       llm_queue_timeout=args.llm_queue_timeout, max_batch=max_batch(args, device),
                       flow_batch=flow_batch(args, device),
                       cache_mb=speech_cache_mb(args, device), fixed_tokens=args.fixed_tokens,
+                      lm_batch=getattr(args, "lm_batch", 0),
                       llm_variant=getattr(args, "llm_variant", None), env=dict(env or {}))
     pool = WorkerPool(spec, workers=args.workers, max_queue=args.max_queue).start()
     service = FrontendService(pool, data)

@@ -40,6 +40,7 @@ class EngineSpec:
     max_batch: int = 1  # live requests per worker process (1: the old one-request-at-a-time loop)
     flow_batch: int = 1  # requests whose flows may run as one padded batch (1: each alone)
     cache_mb: int = 0  # streaming flow state budget (cosy.speech.cache); 0 recomputes every prefix
+    lm_batch: int = 0  # embedded LM with max_batch > 1: decode up to this many live requests a step (0, 1: off)
     fixed_tokens: int = 0  # benchmarks only: every request generates exactly this many speech tokens
     llm_variant: str | None = None  # another LM checkpoint of the family (CosyVoice3 "rl": llm.rl.pt)
     env: dict[str, str] = field(default_factory=dict)  # set in the worker before CUDA starts (MPS pipe dir)
@@ -200,6 +201,7 @@ def worker_main(spec: EngineSpec, conn, cancel=None, health=None, prepare=None) 
 def _serve(spec: EngineSpec, conn, cancel, health, prepare) -> None:
     import torch
 
+    from cosy.lm.model import SpeechLM
     from cosy.lm.pool import BackendPool
     from cosy.pipeline.engine import Engine
 
@@ -218,6 +220,9 @@ def _serve(spec: EngineSpec, conn, cancel, health, prepare) -> None:
     if isinstance(engine.lm, BackendPool):
         engine.lm.configure(stall_timeout=spec.llm_stall_timeout, queue_timeout=spec.llm_queue_timeout,
                            shared_health=health)
+    if spec.lm_batch > 1 and spec.max_batch > 1 and isinstance(engine.lm, SpeechLM):
+        from cosy.lm.decode_batch import BatchedLM
+        engine.lm = BatchedLM(engine.lm, min(spec.lm_batch, spec.max_batch))
     if spec.fixed_tokens:
         from cosy.lm.fixed_length import FixedLengthLM
         engine.lm = FixedLengthLM(engine.lm, spec.fixed_tokens)
