@@ -8,6 +8,9 @@
 #     DEVICE=cpu bash bench/gpu_check.sh          # the rehearsal: the same steps on the CPU, tiny models
 #     DTYPE=float16 SIZE=tiny TOKENS=50 OUT=/tmp/gc COMPILE=1 bash bench/gpu_check.sh
 #
+# On the lent device, through the `run` tool with carry [".whl"] (logs and wavs come back, models stay there):
+#     MODELS=/tmp/cosy-models OUT=$OUT/gpu-check bash bench/gpu_check.sh
+#
 # On the lent device (`run`, carry [".whl"]): the wheels of bench/gpu_wheels.txt, fetched here into .whl/ by
 # the command in that file, are installed into /tmp/cosy-site when the packages are missing (no index, no
 # network). Steps, each under its own time limit, each printing its figures as it goes:
@@ -16,10 +19,13 @@
 #      pool (incremental flow with its state cache), then a saved voice at 1, 4 and 8 streams: first chunk
 #      p50/p95, RTF, the worker's peak GPU memory
 #   3. build-cv3, first-cv3: the same for Fun-CosyVoice3
+#   3b. lm-batch: first-cv2's saved-voice streams in DTYPE again with the embedded LM's decode steps batched
+#      across the worker's requests (--lm_batch 8)
 #   4. cli: the CLI on the device (zero_shot + --save_voice, streaming, speed 1.5, DTYPE)
 #   5. dtype-diff: bench/dtype_diff.py, mel, streamed audio and LM distribution of DTYPE (and fp32+TF32)
 #      against strict fp32, same inputs (CosyVoice2)
-#   6. lm: bench/lm_throughput.py, embedded LM in DTYPE: tokens/s and TTFT at 1 and 8 concurrent
+#   6. lm: bench/lm_throughput.py, embedded LM in DTYPE, alone and batched (--lm_batch 8): tokens/s and TTFT
+#      at 1 and 8 concurrent
 #   7. flow-batch: bench/flow_batch.py (rows 1,4,8): what batching flows and HiFT across requests buys
 #   8. with COMPILE=1 only (minutes of inductor at full size: a later slot's step): bench/compile_check.py
 # A summary follows; the exit status is 1 if a step failed, ran out of time or was skipped because the budget
@@ -69,14 +75,20 @@ bad = [m for m in ("gradio", "vllm", "openai") if m in sys.modules]
 sys.exit(f"gpu_check: the CLI imported {bad}") if bad else None
 PYEOF
 
-CV2=$OUT/model-$SIZE-cosyvoice2 CV3=$OUT/model-$SIZE-cosyvoice3  # built once into $OUT
+# built once into MODELS (outside OUT on the device: the run tool brings back what is under its $OUT, and the
+# models are gigabytes)
+MODELS=${MODELS:-$OUT}
+CV2=$MODELS/model-$SIZE-cosyvoice2 CV3=$MODELS/model-$SIZE-cosyvoice3
 first=($PY bench/gpu_first.py --device "$DEVICE" --dtypes "float32,$DTYPE" --tokens "$TOKENS" --concurrency "$CONC"
        --threads 4)
 [ -f "$CV2/llm.pt" ] || step 40 build-cv2 $PY -m cosy.random_model "$CV2" --family cosyvoice2 --size "$SIZE" \
   --seed 0 || exit 1
-step 130 first-cv2 "${first[@]}" --model_dir "$CV2"
+step 110 first-cv2 "${first[@]}" --model_dir "$CV2"
 { [ -f "$CV3/llm.pt" ] || step 40 build-cv3 $PY -m cosy.random_model "$CV3" --family cosyvoice3 --size "$SIZE" \
-  --seed 0; } && step 120 first-cv3 "${first[@]}" --model_dir "$CV3"
+  --seed 0; } && step 110 first-cv3 "${first[@]}" --model_dir "$CV3"
+# the embedded LM's decode steps batched across the worker's requests (--lm_batch), against first-cv2's
+step 40 lm-batch $PY bench/gpu_first.py --device "$DEVICE" --dtypes "$DTYPE" --tokens "$TOKENS" \
+  --concurrency "${CONC#*,}" --threads 4 --lm_batch 8 --skip_modes --model_dir "$CV2"
 
 # random weights rarely stop early: the LM runs to its max length (20 tokens a text token), so a short text
 [ "$DEVICE" = cpu ] && TEXT=${TEXT:-你好。} || TEXT=${TEXT:-收到好友从远方寄来的生日礼物。}
@@ -85,19 +97,19 @@ step 30 cli $PY -m cosy --model_dir "$CV2" --device "$DEVICE" --dtype "$DTYPE" -
   --prompt_text "希望你以后能够做的比我还好呦。" --save_voice gpucheck --out "$OUT/cli-zero_shot.wav"
 step 40 dtype-diff $PY bench/dtype_diff.py --model_dir "$CV2" --device "$DEVICE" --dtype "$DTYPE" --tokens "$TOKENS"
 step 40 lm $PY bench/lm_throughput.py --model_dir "$CV2" --device "$DEVICE" --dtype "$DTYPE" --tokens "$TOKENS" \
-  --concurrency "$LM_CONC"
-step 40 flow-batch $PY bench/flow_batch.py --model_dir "$CV2" --device "$DEVICE" --dtype "$DTYPE" \
+  --concurrency "$LM_CONC" --lm_batch 8
+step 30 flow-batch $PY bench/flow_batch.py --model_dir "$CV2" --device "$DEVICE" --dtype "$DTYPE" \
   --tokens "$TOKENS" --rows 1,4,8
 [ "${COMPILE:-0}" = 1 ] && step 240 compile $PY bench/compile_check.py --model_dir "$CV2" --device "$DEVICE" \
   --dtype "$DTYPE" --tokens "$TOKENS"
 
 echo "== summary ($(( SECONDS - start )) s; logs and wavs in $OUT)"
-for f in "$OUT"/first-*.log; do
+for f in "$OUT"/first-*.log "$OUT"/lm-batch.log; do
   [ -f "$f" ] && grep -E '^[A-Za-z0-9-]+ (float|bfloat)|^  ' "$f" | sed "s/^/$(basename "$f" .log): /"
 done
 [ -f "$OUT/cli.log" ] && grep -h '^wrote ' "$OUT/cli.log" | sed 's/^/cli: /'
 grep -h -E '^(float32\+TF32|bfloat16|float16) ' "$OUT/dtype-diff.log" 2>/dev/null
-grep -h -E 'peak GPU|^embedded ' "$OUT/lm.log" 2>/dev/null | sed 's/^/lm: /'
+grep -h -E 'peak GPU|^(embedded|batched) ' "$OUT/lm.log" 2>/dev/null | sed 's/^/lm: /'
 grep -h -E '^(flow|lm) .*(compiled|eager)' "$OUT/compile.log" 2>/dev/null
 [ "$failed" = 0 ] && echo "gpu_check: all steps passed" || echo "gpu_check: some steps FAILED"
 exit "$failed"

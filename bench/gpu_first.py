@@ -3,6 +3,7 @@ and 8 concurrent streams, per dtype, with the worker's peak GPU memory.
 
     python bench/gpu_first.py --model_dir DIR [--device cuda] [--dtypes float32,bfloat16] [--tokens 100]
                               [--concurrency 1,4,8] [--max_batch 8] [--cache_mb 4096] [--threads 2]
+                              [--lm_batch 8] [--skip_modes]
 
 Per dtype, one worker process as the app runs it (`WorkerPool`, the speech engine: --max_batch live requests,
 the incremental flow with a --cache_mb state budget, flow batching as the app's device default), embedded LM
@@ -115,18 +116,21 @@ def run_dtype(args, dtype: str, levels: list[int]) -> bool:
     memory_file = str(Path(tempfile.gettempdir()) / f"cosy-gpu-first-{os.getpid()}-{dtype}.json")
     spec = EngineSpec(str(args.model_dir), device=args.device, dtype=dtype, threads=args.threads,
                       max_batch=args.max_batch, flow_batch=8 if args.device.startswith("cuda") else 1,
-                      cache_mb=args.cache_mb, fixed_tokens=args.tokens)
+                      cache_mb=args.cache_mb, fixed_tokens=args.tokens, lm_batch=args.lm_batch)
     card = CardMemory(args.device) if args.device.startswith("cuda") else None
     t0 = time.perf_counter()
     pool = WorkerPool(spec, workers=1, max_queue=64)
     pool.worker_prepare = functools.partial(report_memory, memory_file=memory_file)
     pool.start()
     print(f"{family.display_name} {dtype}: worker ready in {time.perf_counter() - t0:.1f} s "
-          f"(max_batch {spec.max_batch}, flow_batch {spec.flow_batch}, cache {spec.cache_mb} MiB)", flush=True)
+          f"(max_batch {spec.max_batch}, flow_batch {spec.flow_batch}, cache {spec.cache_mb} MiB, lm_batch "
+          f"{spec.lm_batch})", flush=True)
     ok = True
     try:
         voice = pool.prompt_features(str(PROMPT_WAV))
-        ok = run_modes(pool, voice, family.instruct_examples[0])
+        ok = args.skip_modes or run_modes(pool, voice, family.instruct_examples[0])
+        if args.skip_modes:
+            measure(pool, voice, 1)  # warm-up (the modes warm it otherwise)
         for n in levels:
             try:
                 r = measure(pool, voice, n)
@@ -163,6 +167,8 @@ def main() -> None:
     ap.add_argument("--max_batch", type=int, default=8)
     ap.add_argument("--cache_mb", type=int, default=4096)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--lm_batch", type=int, default=0, help="the worker's --lm_batch (default 0: off)")
+    ap.add_argument("--skip_modes", action="store_true", help="only the saved voice at --concurrency")
     args = ap.parse_args()
     dtypes = args.dtypes.split(",")
     if bad := [d for d in dtypes if d not in DTYPES]:
