@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -96,6 +97,19 @@ def cap_lm(engine, cap: int) -> None:
         return generate(prompt_embeds, min_len, min(max_len, max(min_len, cap)), *args, **kw)
 
     engine.lm.generate = capped
+
+
+def pool_audio_at_once(pool, requests: list) -> list:
+    """Each request through `pool`, all at once (a thread each): its whole audio, (N,) float32, in order."""
+    import numpy as np
+    got: dict = {}
+    threads = [threading.Thread(target=lambda i=i, r=r: got.__setitem__(i, np.concatenate(list(pool.synthesize(r)))))
+               for i, r in enumerate(requests)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return [got.get(i) for i in range(len(requests))]
 
 
 def copy_lm_files(src: Path, dst: Path) -> Path:

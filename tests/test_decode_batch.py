@@ -102,7 +102,7 @@ def require_batched(engine) -> None:
 def test_a_worker_with_lm_batch_gives_each_request_its_solo_audio(tiny_model_dir):
     import numpy as np
 
-    from conftest import ASSETS
+    from conftest import ASSETS, pool_audio_at_once
 
     from cosy.frontend import server
     from cosy.pipeline.engine import Engine, SynthesisRequest
@@ -121,13 +121,7 @@ def test_a_worker_with_lm_batch_gives_each_request_its_solo_audio(tiny_model_dir
     pool.worker_prepare = require_batched
     pool.start()
     try:
-        got: dict = {}
-        threads = [threading.Thread(target=lambda i=i, r=r: got.__setitem__(i, np.concatenate(list(pool.synthesize(r)))))
-                   for i, r in enumerate(reqs)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
+        got = pool_audio_at_once(pool, reqs)
         for i in range(4):
             assert got[i].shape == solo[i].shape and np.abs(got[i] - solo[i]).max() < 1e-4, i
     finally:

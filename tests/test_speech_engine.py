@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import ASSETS, cap_lm
+from conftest import ASSETS, cap_lm, pool_audio_at_once
 
 from cosy.errors import Cancelled, JobError
 from cosy.pipeline.engine import Engine, SynthesisRequest
@@ -210,13 +210,7 @@ def test_flow_batch_flag_defaults_per_device_and_a_batching_pool_equals_solo(tin
     solo = [np.concatenate([c.numpy() for c in old.synthesize(r)]) for r in reqs]
     pool = WorkerPool(EngineSpec(str(tiny_model_dir), max_batch=4, flow_batch=4, cache_mb=64), workers=1).start()
     try:
-        got, threads = {}, []
-        for i, r in enumerate(reqs):
-            threads.append(threading.Thread(target=lambda i=i, r=r: got.__setitem__(
-                i, np.concatenate(list(pool.synthesize(r))))))
-            threads[-1].start()
-        for t in threads:
-            t.join(120)
+        got = pool_audio_at_once(pool, reqs)
         for i in range(4):
             assert got[i].shape == solo[i].shape and np.abs(got[i] - solo[i]).max() < 1e-4, i
     finally:
