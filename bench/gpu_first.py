@@ -121,7 +121,14 @@ def run_dtype(args, dtype: str, levels: list[int]) -> bool:
     t0 = time.perf_counter()
     pool = WorkerPool(spec, workers=1, max_queue=64)
     pool.worker_prepare = functools.partial(report_memory, memory_file=memory_file)
-    pool.start()
+    try:
+        pool.start()
+    except RuntimeError as e:  # the worker could not load or start: say so, go on with the next dtype
+        print(f"{family.display_name} {dtype}: FAILED to start the worker: {e}", flush=True)
+        pool.close()
+        if card is not None:
+            card.stop()
+        return False
     print(f"{family.display_name} {dtype}: worker ready in {time.perf_counter() - t0:.1f} s "
           f"(max_batch {spec.max_batch}, flow_batch {spec.flow_batch}, cache {spec.cache_mb} MiB, lm_batch "
           f"{spec.lm_batch})", flush=True)
