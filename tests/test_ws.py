@@ -357,3 +357,13 @@ def test_a_session_waiting_for_its_own_audio_is_not_idle(stack):
         stack.service.ws_idle_timeout = 60.0
     assert kinds[-1] == "task-finished", kinds
     assert waited > 1.0  # it did wait longer than the idle timeout
+
+
+def test_the_pool_is_idle_once_every_session_has_ended(stack):
+    """Last in the module: the sessions above end every way (finish, cancel, idle timeout, a client that
+    leaves); none may leave a job running or waiting in the worker pool."""
+    import time
+    deadline = time.monotonic() + 10
+    while (s := stack.pool.stats())["busy"] or s["waiting"]:
+        assert time.monotonic() < deadline, f"the pool is not idle 10 s after the sessions ended: {s}"
+        time.sleep(0.1)
