@@ -99,17 +99,64 @@ def cap_lm(engine, cap: int) -> None:
     engine.lm.generate = capped
 
 
-def pool_audio_at_once(pool, requests: list) -> list:
-    """Each request through `pool`, all at once (a thread each): its whole audio, (N,) float32, in order."""
+def assert_pool_equals_solo(spec, requests: list, solo_engine, prepare=None) -> None:
+    """Every request through a one-worker pool of `spec`, all at once (a thread each): each one's audio equals
+    `solo_engine`'s for it alone (float rounding: 1e-4). `prepare`: the worker's prepare hook."""
     import numpy as np
-    got: dict = {}
-    threads = [threading.Thread(target=lambda i=i, r=r: got.__setitem__(i, np.concatenate(list(pool.synthesize(r)))))
-               for i, r in enumerate(requests)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    return [got.get(i) for i in range(len(requests))]
+
+    from cosy.service.workers import WorkerPool
+    solo = [np.concatenate([c.numpy() for c in solo_engine.synthesize(r)]) for r in requests]
+    pool = WorkerPool(spec, workers=1)
+    pool.worker_prepare = prepare
+    pool.start()
+    try:
+        got: dict = {}
+        threads = [threading.Thread(target=lambda i=i, r=r: got.__setitem__(i, np.concatenate(list(pool.synthesize(r)))))
+                   for i, r in enumerate(requests)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        for i in range(len(requests)):
+            assert got[i].shape == solo[i].shape and np.abs(got[i] - solo[i]).max() < 1e-4, i
+    finally:
+        pool.close()
+
+
+def finalizers_inside(make_garbage, call, within: float) -> bool:
+    """Whether `call()` survives the garbage collector finalizing `make_garbage()`'s cycle inside it: for each
+    threshold 1..29 a fresh cycle is made with the collector off, then the collector turned on at that
+    threshold lands its collection on one of `call`'s allocations (a lock `call` holds while a finalizer
+    wants it hangs the thread). Runs on a daemon thread; False if it has not finished within `within` s."""
+    import gc
+    threshold = gc.get_threshold()
+
+    errors: list[BaseException] = []
+
+    def sweep() -> None:
+        try:
+            for k in range(1, 30):
+                gc.collect(0)
+                gc.disable()
+                make_garbage()
+                gc.set_threshold(k)
+                gc.enable()
+                call()
+            gc.set_threshold(*threshold)
+            gc.collect()
+        except BaseException as e:  # raised again in the test's thread
+            errors.append(e)
+
+    worker = threading.Thread(target=sweep, daemon=True)
+    try:
+        worker.start()
+        worker.join(within)
+    finally:
+        gc.set_threshold(*threshold)
+        gc.enable()
+    if errors:
+        raise errors[0]
+    return not worker.is_alive()
 
 
 def copy_lm_files(src: Path, dst: Path) -> Path:

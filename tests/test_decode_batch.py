@@ -100,13 +100,11 @@ def require_batched(engine) -> None:
 
 
 def test_a_worker_with_lm_batch_gives_each_request_its_solo_audio(tiny_model_dir):
-    import numpy as np
-
-    from conftest import ASSETS, pool_audio_at_once
+    from conftest import ASSETS, assert_pool_equals_solo
 
     from cosy.frontend import server
     from cosy.pipeline.engine import Engine, SynthesisRequest
-    from cosy.service.workers import EngineSpec, WorkerPool
+    from cosy.service.workers import EngineSpec
 
     assert server.parse_args(["--model_dir", str(tiny_model_dir)]).lm_batch == 0
     with pytest.raises(SystemExit):
@@ -115,14 +113,5 @@ def test_a_worker_with_lm_batch_gives_each_request_its_solo_audio(tiny_model_dir
     reqs = [SynthesisRequest(mode="zero_shot", text=t, prompt_text="希望你以后能够做的比我还好呦。",
                              prompt_wav=str(ASSETS / "zero_shot_prompt.wav"), seed=i, stream=True)
             for i, t in enumerate(texts)]
-    solo_engine = Engine.from_model_dir(tiny_model_dir, cache_mb=64)
-    solo = [np.concatenate([c.numpy() for c in solo_engine.synthesize(r)]) for r in reqs]
-    pool = WorkerPool(EngineSpec(str(tiny_model_dir), max_batch=4, lm_batch=4, cache_mb=64), workers=1)
-    pool.worker_prepare = require_batched
-    pool.start()
-    try:
-        got = pool_audio_at_once(pool, reqs)
-        for i in range(4):
-            assert got[i].shape == solo[i].shape and np.abs(got[i] - solo[i]).max() < 1e-4, i
-    finally:
-        pool.close()
+    assert_pool_equals_solo(EngineSpec(str(tiny_model_dir), max_batch=4, lm_batch=4, cache_mb=64), reqs,
+                            Engine.from_model_dir(tiny_model_dir, cache_mb=64), prepare=require_batched)

@@ -224,8 +224,8 @@ def test_a_token_stream_collected_inside_the_pools_lock_does_not_deadlock():
     """A token stream dropped unclosed in a reference cycle (as an interrupted job leaves one) is closed by
     the garbage collector, at any allocation: also inside the pool's own locked `_pick`, on the same thread.
     Its `finally` takes the pool's lock to count the request out; with a plain lock that waited for ever.
-    Thresholds 1..30 land the collection at each allocation of `_pick`."""
-    import gc
+    The collection lands at each allocation of `_pick`."""
+    from conftest import finalizers_inside
     pool = BackendPool([RemoteLM(f"http://127.0.0.1:{free_port()}/v1", "k", "m")])
     backend = id(pool.backends[0])
 
@@ -235,28 +235,7 @@ def test_a_token_stream_collected_inside_the_pools_lock_does_not_deadlock():
         holder: list = [tokens]
         holder.append(holder)  # only the collector closes it
 
-    picks = 0
-
-    def sweep() -> None:
-        nonlocal picks
-        for k in range(1, 30):
-            gc.collect(0)
-            gc.disable()
-            garbage_stream()
-            gc.set_threshold(k)
-            gc.enable()
-            pool._pick(set())  # a new request's pick, where the collection lands
-            picks += 1
-        gc.set_threshold(*threshold)
-        gc.collect()
-
-    threshold = gc.get_threshold()
-    worker = threading.Thread(target=sweep, daemon=True)
-    try:
-        worker.start()
-        worker.join(30)
-    finally:
-        gc.set_threshold(*threshold)
-        gc.enable()
-    assert not worker.is_alive(), "a stream's finally waited on the pool's lock held by its own thread"
-    assert picks == 29 and pool.in_flight[backend] == picks  # every collected stream counted itself out
+    picks = []  # a new request's pick each time, where the collection lands
+    assert finalizers_inside(garbage_stream, lambda: picks.append(pool._pick(set())), within=30), \
+        "a stream's finally waited on the pool's lock held by its own thread"
+    assert len(picks) == 29 and pool.in_flight[backend] == len(picks)  # every collected stream counted itself out

@@ -127,11 +127,9 @@ def test_state_budget_lru():
 def test_a_stream_collected_inside_the_budgets_lock_does_not_deadlock():
     """The garbage collector runs finalizers at any allocation, also inside a budget method that holds its
     lock: a stream in a reference cycle (as an interrupted job leaves one) released from its `__del__` there.
-    Before, that waited for ever on the same thread (CI's worker stuck busy after a cancel). Thresholds 1..30
-    make the collection land at each allocation of `charge`; each run must finish, and the collected
-    stream's bytes must be dropped."""
-    import gc
-    import threading
+    Before, that waited for ever on the same thread (CI's worker stuck busy after a cancel). The collection
+    lands at each allocation of `charge`; it must finish, and the collected streams' bytes must be dropped."""
+    from conftest import finalizers_inside
     t2w = load_token2wav(GOLDEN / "model", cache_mb=256)
     budget = t2w.state_budget
 
@@ -140,24 +138,6 @@ def test_a_stream_collected_inside_the_budgets_lock_does_not_deadlock():
         s.cycle = s  # only the collector frees it
         assert budget.charge(id(s), 1000)
 
-    def sweep() -> None:
-        for k in range(1, 30):
-            gc.collect(0)
-            gc.disable()
-            garbage_stream()
-            gc.set_threshold(k)
-            gc.enable()
-            budget.charge(-1, 10)  # a live stream's charge, where the collection lands
-        gc.set_threshold(*threshold)
-        gc.collect()
-
-    threshold = gc.get_threshold()
-    worker = threading.Thread(target=sweep, daemon=True)
-    try:
-        worker.start()
-        worker.join(60)
-    finally:
-        gc.set_threshold(*threshold)
-        gc.enable()
-    assert not worker.is_alive(), "a finalizer waited on the budget's lock held by its own thread"
+    assert finalizers_inside(garbage_stream, lambda: budget.charge(-1, 10), within=60), \
+        "a finalizer waited on the budget's lock held by its own thread"
     assert budget.used() == 10  # only the live charge: every collected stream's bytes were dropped

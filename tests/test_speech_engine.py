@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import ASSETS, cap_lm, pool_audio_at_once
+from conftest import ASSETS, assert_pool_equals_solo, cap_lm
 
 from cosy.errors import Cancelled, JobError
 from cosy.pipeline.engine import Engine, SynthesisRequest
@@ -207,14 +207,7 @@ def test_flow_batch_flag_defaults_per_device_and_a_batching_pool_equals_solo(tin
     old = Engine.from_model_dir(tiny_model_dir)  # its LM uncapped, as the pool's worker
     reqs = [SynthesisRequest(mode="zero_shot", text=TEXTS[i], prompt_text=ZS_TEXT, prompt_wav=str(ZS_WAV), seed=i)
             for i in range(4)]
-    solo = [np.concatenate([c.numpy() for c in old.synthesize(r)]) for r in reqs]
-    pool = WorkerPool(EngineSpec(str(tiny_model_dir), max_batch=4, flow_batch=4, cache_mb=64), workers=1).start()
-    try:
-        got = pool_audio_at_once(pool, reqs)
-        for i in range(4):
-            assert got[i].shape == solo[i].shape and np.abs(got[i] - solo[i]).max() < 1e-4, i
-    finally:
-        pool.close()
+    assert_pool_equals_solo(EngineSpec(str(tiny_model_dir), max_batch=4, flow_batch=4, cache_mb=64), reqs, old)
 
 
 @pytest.mark.quick

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from cosy.lm.model import SpeechLM
-from cosy.lm.qwen2 import KVCache, Qwen2Model, RotaryTable, _rotate_half, grouped_attention
+from cosy.lm.qwen2 import KVCache, Qwen2Model, RotaryTable, grouped_attention
 from cosy.lm.sampling import SamplingParams, ras_sample
 
 
@@ -39,19 +39,13 @@ def decode_step(model: Qwen2Model, x: Tensor, caches: list[KVCache], ropes: list
     sin = torch.stack([r.sin[s] for r, s in zip(ropes, starts)]).view(b, 1, 1, -1)
     for layer in model.layers:
         a = layer.self_attn
-        h = layer.input_layernorm(x)
-        q = a.q_proj(h).view(b, 1, a.n_heads, a.head_dim).transpose(1, 2)  # (B, heads, 1, D)
-        k = a.k_proj(h).view(b, 1, a.n_kv, a.head_dim).transpose(1, 2)
-        v = a.v_proj(h).view(b, 1, a.n_kv, a.head_dim).transpose(1, 2)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
-        expand = q.is_cuda and q.dtype == torch.float32
+        q, k, v = a.qkv(layer.input_layernorm(x), cos, sin)  # (B, heads or kv_heads, 1, D)
         rows = []
         for i, (cache, s) in enumerate(zip(caches, starts)):  # each row over its own cache
             k_all, v_all = cache.k[a.layer_idx, :, :, :s + 1], cache.v[a.layer_idx, :, :, :s + 1]
             k_all[:, :, s:].copy_(k[i:i + 1])
             v_all[:, :, s:].copy_(v[i:i + 1])
-            rows.append(grouped_attention(q[i:i + 1], k_all, v_all, expand))
+            rows.append(grouped_attention(q[i:i + 1], k_all, v_all))
         out = torch.cat(rows)  # (B, heads, 1, D)
         x = x + a.o_proj(out.transpose(1, 2).reshape(b, 1, a.n_heads * a.head_dim))
         x = x + layer.mlp(layer.post_attention_layernorm(x))

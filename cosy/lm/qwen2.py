@@ -91,10 +91,12 @@ class Qwen2RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
-def grouped_attention(q: Tensor, k: Tensor, v: Tensor, expand: bool, **kw) -> Tensor:
+def grouped_attention(q: Tensor, k: Tensor, v: Tensor, expand: bool | None = None, **kw) -> Tensor:
     """SDPA of q (B, heads, L, D) over grouped k/v (B, kv_heads, T, D). `expand`: repeat each k/v head for its
-    group first (CUDA in float32: there the memory-efficient kernel refuses `enable_gqa` and SDPA would fall
-    to its slowest, math kernel; flash, for half dtypes, and the CPU take the groups as they are)."""
+    group first; None: on CUDA in float32 only (there the memory-efficient kernel refuses `enable_gqa` and SDPA
+    would fall to its slowest, math kernel; flash, for half dtypes, and the CPU take the groups as they are)."""
+    if expand is None:
+        expand = q.is_cuda and q.dtype == torch.float32
     if expand:
         group = q.size(1) // k.size(1)
         return F.scaled_dot_product_attention(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), **kw)
@@ -112,28 +114,32 @@ class Qwen2Attention(nn.Module):
         self.v_proj = Linear(h, self.n_kv * self.head_dim, bias=True)
         self.o_proj = Linear(self.n_heads * self.head_dim, h, bias=False)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache, start: int) -> Tensor:
-        """x: (1, L, H) at positions start..start+L-1; cos/sin: (L, head_dim). Appends k/v to the cache."""
+    def qkv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """x (B, L, H) -> q (B, heads, L, D), k and v (B, kv_heads, L, D), q and k rotated (cos/sin broadcast
+        over them: (L, D) for one sequence, (B, 1, 1, D) for rows at positions of their own)."""
         b, n, _ = x.shape
         q = self.q_proj(x).view(b, n, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, n, self.n_kv, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, n, self.n_kv, self.head_dim).transpose(1, 2)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache, start: int) -> Tensor:
+        """x: (1, L, H) at positions start..start+L-1; cos/sin: (L, head_dim). Appends k/v to the cache."""
+        b, n, _ = x.shape
+        q, k, v = self.qkv(x, cos, sin)
         end = start + n
         k_all, v_all = cache.k[self.layer_idx, :, :, :end], cache.v[self.layer_idx, :, :, :end]
         k_all[:, :, start:].copy_(k)
         v_all[:, :, start:].copy_(v)
         # branch on the lengths in Python (not `is_causal=n > 1`): under `--compile` n is symbolic, and a
         # symbolic bool argument broke the graph, which sent the whole stack back to eager
-        expand = q.is_cuda and q.dtype == torch.float32
         if n == 1:  # decode (or a 1-position prefill): the new position sees everything
-            out = grouped_attention(q, k_all, v_all, expand)
+            out = grouped_attention(q, k_all, v_all)
         elif start == 0:  # prefill: plain causal
-            out = grouped_attention(q, k_all, v_all, expand, is_causal=True)
+            out = grouped_attention(q, k_all, v_all, is_causal=True)
         else:  # a chunk after a cache: causal within the chunk, offset by `start`
             mask = torch.ones(n, end, dtype=torch.bool, device=x.device).tril(diagonal=start)
-            out = grouped_attention(q, k_all, v_all, expand, attn_mask=mask)
+            out = grouped_attention(q, k_all, v_all, attn_mask=mask)
         return self.o_proj(out.transpose(1, 2).reshape(b, n, self.n_heads * self.head_dim))
 
 

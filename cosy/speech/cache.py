@@ -40,7 +40,6 @@ class StateBudget:
 
     def voice(self, key: str) -> FlowState | None:
         with self._lock:
-            self._drop_released()
             state = self._voices.get(key)
             if state is not None:
                 self._voices.move_to_end(key)
