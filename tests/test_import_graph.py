@@ -140,3 +140,23 @@ def test_the_container_healthcheck_imports_the_standard_library_only():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[:2] == ["1 []", "cosy.pipeline.token2wav True"], out.stdout
+
+
+@pytest.mark.parametrize("family", ["cosyvoice2", "cosyvoice3"])
+def test_building_an_engine_imports_no_dynamo_and_no_typeguard_instrumentation(family, request):
+    """Every speech worker and CLI run builds an engine: its start once paid a second for torch._dynamo
+    (imported by an nn.Embedding's random init on the meta device, thrown away at load) and 1.5 s for
+    typeguard instrumenting inflect's methods at import. Neither is needed; the numbers are still spelled."""
+    import subprocess
+    import sys
+    model = request.getfixturevalue("tiny_model_dir" if family == "cosyvoice2" else "tiny_cv3_model_dir")
+    code = ("import sys, typeguard; checked = typeguard.typechecked\n"
+            "from cosy.pipeline.engine import Engine\n"
+            f"e = Engine.from_model_dir({str(model)!r})\n"
+            "import inflect\n"
+            "print('torch._dynamo' in sys.modules, typeguard.typechecked is checked,\n"
+            "      'check_argument_types' in inflect.engine.number_to_words.__code__.co_names)\n"
+            "from cosy.text.normalize import NumberSpeller; print(NumberSpeller()('year 2024, 7 days'))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["False True False", "year two thousand and twenty-four, seven days"]

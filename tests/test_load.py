@@ -8,7 +8,7 @@ import torch
 from conftest import GOLDEN, reference_shapes
 
 from cosy.hift.weights import fold_weight_norm
-from cosy.model.files import ModelDirError
+from cosy.model.files import ModelDirError, empty_modules
 from cosy.model.load import load_flow, load_hift
 
 
@@ -48,3 +48,27 @@ def test_full_random_llm_has_official_keys_and_loads_strictly(full_model_dir):
     assert sum(p.numel() for p in lm.parameters()) == pytest.approx(505.8e6, rel=0.001)  # as published
     ids = lm.prompt_embeds([100, 200, 151646], [], [1, 2, 3])
     assert ids.shape == (1, 1 + 3 + 1 + 3, 896)
+
+
+def test_empty_modules_skip_init_on_this_thread_only():
+    """Inside `empty_modules` parameters are meta and no nn.init function runs (a load replaces them all);
+    another thread building a module at the same time gets the usual random init."""
+    import threading
+    inside, outside = threading.Event(), {}
+
+    def other_thread():
+        inside.wait(10)
+        torch.manual_seed(0)
+        outside["weight"] = torch.nn.Embedding(4, 3).weight.detach()
+
+    t = threading.Thread(target=other_thread)
+    t.start()
+    with empty_modules():
+        inside.set()
+        t.join(10)
+        emb, lin = torch.nn.Embedding(5, 2), torch.nn.Linear(2, 3)
+        assert torch.nn.init.normal_(torch.zeros(2, device="cpu")).eq(0).all()  # init leaves its tensor alone
+    assert emb.weight.is_meta and lin.weight.is_meta and lin.bias.is_meta
+    torch.manual_seed(0)
+    assert torch.equal(outside["weight"], torch.nn.Embedding(4, 3).weight.detach())
+    assert outside["weight"].std() > 0.1 and torch.nn.init.normal_(torch.zeros(2)).ne(0).any()

@@ -70,7 +70,9 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, dim: int, base: float = 10000.0):
         super().__init__()
         self.dim, self.base = dim, base
-        self.register_buffer("inv_freq", self._inv_freq())
+        # on the CPU even in a meta build (`empty_modules`): flow.pt's value replaces it at load, and the
+        # meta kernels of these ops are Python ones that import torch._dynamo
+        self.register_buffer("inv_freq", self._inv_freq(torch.device("cpu")))
 
     def _inv_freq(self, device: torch.device | None = None) -> Tensor:
         return 1.0 / self.base ** (torch.arange(0, self.dim, 2, device=device).float() / self.dim)

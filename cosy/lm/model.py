@@ -24,7 +24,7 @@ from cosy.lm.prompt import build_prompt_embeds, embed_segments, tables_of
 from cosy.lm.qwen2 import KVCache, Linear, Qwen2Encoder, RotaryTable
 from cosy.lm.sampling import SamplingParams, ras_sample
 from cosy.model.family import ModelFamily
-from cosy.model.files import ModelDir, ModelDirError, load_strict
+from cosy.model.files import ModelDir, ModelDirError, empty_modules, load_strict
 
 LM_HEAD_KEY = "llm.model.lm_head.weight"  # tied copy of embed_tokens in llm.pt; never used
 
@@ -65,7 +65,7 @@ class SpeechLM(nn.Module):
             cfg = read_lm_config(qwen_config, mc.llm_input_size, mc.speech_token_size, family.tokens.vocab)
         except ValueError as e:
             raise ModelDirError(str(e)) from None
-        with torch.device("meta"):  # no wasted random init of ~0.5 G parameters
+        with empty_modules():  # no wasted random init of ~0.5 G parameters
             lm = cls(cfg, family, mc.sampling)
         llm_name = md.llm_name(variant)
         llm = md.file(llm_name)

@@ -6,11 +6,14 @@ missing, unreadable, or does not fit the yaml.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import cached_property
 from pathlib import Path
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from cosy.errors import CosyError
 from cosy.model import families
@@ -117,6 +120,26 @@ class ModelDir:
         if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
             raise ModelDirError(f"{p} does not hold a state dict of tensors")
         return sd
+
+
+class _SkipInit(TorchFunctionMode):
+    """`torch.nn.init`'s functions leave their tensor as it is (every nn.init function dispatches to an
+    active mode first)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__module__", None) == "torch.nn.init":
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **(kwargs or {}))
+
+
+@contextmanager
+def empty_modules() -> Iterator[None]:
+    """Modules built inside get parameters on the meta device and no random init: every parameter then
+    comes from a checkpoint (`load_strict(..., assign=True)`). Init on meta is not free: an nn.Embedding's
+    `normal_` there runs a Python kernel that imports torch._dynamo, a second of every process start.
+    The mode is this thread's only (torch keeps a mode stack per thread)."""
+    with torch.device("meta"), _SkipInit():
+        yield
 
 
 def load_strict(module: nn.Module, state_dict: dict[str, torch.Tensor], source: Path | str,

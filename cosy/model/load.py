@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from cosy.model.family import import_object
-from cosy.model.files import ModelDir, load_strict
+from cosy.model.files import ModelDir, empty_modules, load_strict
 
 
 def as_model_dir(model_dir: str | Path | ModelDir) -> ModelDir:
@@ -25,7 +25,7 @@ def load_flow(model_dir: str | Path | ModelDir, device: str | torch.device = "cp
     encoder and the CFM's fixed noise stay float32 (`cosy.model.precision`)."""
     md = as_model_dir(model_dir)
     family, name = md.family, md.family.files.flow
-    with torch.device("meta"):  # no random init: every parameter comes from flow.pt
+    with empty_modules():  # no random init: every parameter comes from flow.pt
         flow = import_object(family.flow)(md.config.flow, import_object(family.flow_estimator))
     # the file's (memory-mapped) tensors become the parameters; .to() copies only when it must
     load_strict(flow, md.state_dict(name), md.file(name), assign=True, yaml=family.files.yaml)

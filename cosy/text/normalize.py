@@ -70,16 +70,29 @@ def zh_rules(text: str) -> str:
 _ONES = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 
 
+def _import_inflect():
+    """inflect without typeguard's run-time argument checks on its methods: `@typechecked` re-parses
+    inflect's whole source once per method at import, 1.5 s of every process start here. We call one
+    method with a str, so the checks could never fire; inflect's results are the same."""
+    import typeguard
+
+    checked = typeguard.typechecked
+    typeguard.typechecked = lambda target=None, **options: target if target is not None else (lambda f: f)
+    try:
+        import inflect
+    finally:
+        typeguard.typechecked = checked
+    return inflect
+
+
 class NumberSpeller:
     """The official `spell_out_number`: each run of digits (str.isdigit) becomes English words (inflect).
 
-    inflect takes about a second to import, so it is loaded here, once, not on the first request.
+    inflect is loaded here, once, not on the first request (`_import_inflect`).
     """
 
     def __init__(self):
-        import inflect
-
-        self._engine = inflect.engine()
+        self._engine = _import_inflect().engine()
         self._lock = threading.Lock()  # inflect keeps per-call state on the engine
 
     def _words(self, digits: str) -> str:
