@@ -31,7 +31,8 @@ STREAMS = 16
 
 @pytest.fixture(scope="module")
 def frontend(backend, tiny_model_dir, tmp_path_factory):
-    app = App("--model_dir", str(tiny_model_dir), "--data_dir", str(tmp_path_factory.mktemp("data")),
+    data = tmp_path_factory.mktemp("data")
+    app = App("--model_dir", str(tiny_model_dir), "--data_dir", str(data),
               "--workers", "2", "--max_batch", "4", "--llm_base_url", backend.url, "--llm_api_key", backend.api_key,
               "--llm_stall_timeout", str(STALL)).wait()
     url = app.url.rstrip("/")
@@ -39,7 +40,7 @@ def frontend(backend, tiny_model_dir, tmp_path_factory):
                                                                          .read_bytes())},
                    data={"text": ZS_TEXT}, timeout=120)
     assert r.status_code == 200, r.text
-    yield url, r.json()["id"], app
+    yield url, r.json()["id"], app, data
     app.stop()
 
 
@@ -120,25 +121,43 @@ def _wait_ready_status(url: str, want: int, timeout: float = 60) -> httpx.Respon
     return r
 
 
-def test_backend_killed_under_16_streams_then_restarted(frontend, backend):
-    url, ref, app = frontend
+def test_backend_killed_under_16_streams_then_restarted(frontend, backend, tiny_model_dir):
+    """... and a frontend started while the backend is down starts (as compose and Kubernetes start them, in
+    any order): /health up, /ready 503 with the reason in its log, then it serves once the backend is back.
+    It once failed its start instead, and compose restarted it, a whole model load each time, until the
+    backend answered."""
+    url, ref, app, data = frontend
     pid = app.proc.pid
     host = backend.url.split("//")[1].split("/")[0]
+    late = None
     try:
         results, at = _under_load(url, ref, backend.crash)
         # the frontend's readiness follows the backend; the process itself is up
         r = _wait_ready_status(url, 503)
         assert r.status_code == 503 and "not ready" in r.text and host not in r.text, r.text
         assert httpx.get(f"{url}/health", timeout=10).status_code == 200
+        late = App("--model_dir", str(tiny_model_dir), "--data_dir", str(data), "--llm_base_url", backend.url,
+                   "--llm_api_key", backend.api_key).wait()
+        late_url = late.url.rstrip("/")
+        assert httpx.get(f"{late_url}/health", timeout=10).status_code == 200
+        assert httpx.get(f"{late_url}/ready", timeout=10).status_code == 503
+        said = "".join(late.lines)
+        assert "not ready yet: cannot reach the LM backend" in said and "failed to start" not in said, said
     finally:
         start = time.monotonic()
         backend.start()
         ready_at = time.monotonic()
-    # refused connections fail at once; the bound is one stall timeout plus a stream's last chunk
-    _check(results, at, backend, "backend SIGKILLed")
-    took = _recovered(url, ref, ready_at)
-    print(f"backend back after {ready_at - start:.1f} s of start-up; the frontend served again {took:.1f} s later")
-    assert took < 30 and app.proc.pid == pid and app.proc.poll() is None  # no frontend restart
+    try:
+        # refused connections fail at once; the bound is one stall timeout plus a stream's last chunk
+        _check(results, at, backend, "backend SIGKILLed")
+        took = _recovered(url, ref, ready_at)
+        print(f"backend back after {ready_at - start:.1f} s of start-up; the frontend served again {took:.1f} s "
+              "later")
+        assert took < 30 and app.proc.pid == pid and app.proc.poll() is None  # no frontend restart
+        assert _recovered(late_url, ref, ready_at) < 40 and late.proc.poll() is None  # the voice saved on the other
+    finally:
+        if late is not None:
+            late.stop()
 
 
 def _process_groups(pid: int) -> set[int]:
@@ -148,7 +167,7 @@ def _process_groups(pid: int) -> set[int]:
 
 
 def test_backend_frozen_under_16_streams_then_thawed(frontend, backend):
-    url, ref, app = frontend
+    url, ref, app, _ = frontend
     groups = _process_groups(backend.proc.pid)
 
     def freeze():

@@ -163,7 +163,11 @@ def readiness(service: FrontendService, llm_base_url: str | None,
         return (False, "; ".join(errors)) if errors else (True, "ready")
 
     for b in backends:  # at start-up: each reachable backend's max_model_len (later ones at /ready)
-        learn_max_len(b)
+        try:
+            b.check()
+            learn_max_len(b)
+        except BackendError as e:  # e.g. still starting: /health is up, /ready answers 503 until it serves
+            say(f"not ready yet: {e}")
 
     return ready
 

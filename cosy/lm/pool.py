@@ -69,15 +69,16 @@ class BackendPool:
     def sampling(self) -> SamplingParams:
         return self.backends[0].sampling
 
-    def check(self) -> None:
-        """At start-up: misconfiguration (bad key, wrong URL, other llm.pt) is fatal; at least one backend
-        must answer, the unreachable ones are marked dead and retried later."""
+    def check(self, require_reachable: bool = True) -> None:
+        """At start-up: misconfiguration (bad key, wrong URL, other llm.pt) is fatal; the unreachable
+        backends are marked dead and retried later. `require_reachable`: at least one must answer now (a
+        one-shot command); a server starts without one (its /ready says why until one answers)."""
         for b in self.backends:
             try:
                 b.check()
             except BackendUnavailable as e:
                 self._mark_dead(b, str(e))
-        if all(self.dead_until[id(b)] > time.monotonic() for b in self.backends):
+        if require_reachable and all(self.dead_until[id(b)] > time.monotonic() for b in self.backends):
             raise BackendUnavailable("no LM backend is reachable: " + "; ".join(self.errors.values()))
 
     def _mark_dead(self, b: RemoteLM, why: str) -> None:
@@ -150,11 +151,12 @@ class BackendPool:
 
 
 def connect(base_urls: str, api_key: str | None, model: str, sampling: SamplingParams | None = None,
-            check: bool = True, family: ModelFamily | None = None) -> BackendPool:
+            check: bool = True, family: ModelFamily | None = None,
+            require_reachable: bool = True) -> BackendPool:
     """`--llm_base_url` (comma-separated URLs) -> a checked pool of backends serving `model` (of `family`,
-    None: CosyVoice2)."""
+    None: CosyVoice2); `require_reachable` as for `BackendPool.check`."""
     urls = [u.strip() for u in base_urls.split(",") if u.strip()]
     pool = BackendPool([RemoteLM(u, api_key, model, sampling, family=family) for u in urls])
     if check:
-        pool.check()
+        pool.check(require_reachable)
     return pool

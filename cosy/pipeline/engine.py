@@ -70,10 +70,12 @@ class Engine:
     def from_model_dir(cls, model_dir: str | Path, device: str = "cpu", dtype: torch.dtype | str = torch.float32,
                        ttsfrd_dir: str | Path | None = None, llm_base_url: str | None = None,
                        llm_api_key: str | None = None, cache_mb: int = 0, tf32: bool = True,
-                       llm_variant: str | None = None, compile: bool = False, flow_batch: int = 1) -> "Engine":
+                       llm_variant: str | None = None, compile: bool = False, flow_batch: int = 1,
+                       require_backend: bool = True) -> "Engine":
         """Everything from one model directory. With `llm_base_url` (comma-separated backends) the LM runs
-        remotely and only its embedding tables are loaded here; the backends are checked now (reachable,
-        key accepted, serving this llm.pt). `cache_mb`: streaming flow state budget (`load_token2wav`).
+        remotely and only its embedding tables are loaded here; the backends are checked now (key accepted,
+        serving this llm.pt; reachable: at least one, unless `require_backend` is False, as for a server's
+        workers, which start before their backend does and are not ready until it serves). `cache_mb`: streaming flow state budget (`load_token2wav`).
         `llm_variant`: another LM checkpoint of the family (CosyVoice3 "rl": llm.rl.pt), embedded or served.
 
         `dtype` (or its name, `--dtype`): the embedded LM's and the flow estimator's; the rest stays float32
@@ -95,7 +97,7 @@ class Engine:
             from cosy.lm.pool import connect  # the backend client (openai, httpx): only when there are backends
             lm: SpeechTokenLM = connect(llm_base_url, llm_api_key,
                                         served_model_name(llm_fingerprint(md.path, variant=llm_variant), family),
-                                        md.config.sampling, family=family)
+                                        md.config.sampling, family=family, require_reachable=require_backend)
             prompt_embeds = PromptEmbedder.from_model_dir(md, llm_variant)
         else:
             lm = import_object(family.lm).from_model_dir(md, device=device, dtype=dtype, variant=llm_variant)

@@ -213,7 +213,10 @@ def _serve(spec: EngineSpec, conn, cancel, health, prepare) -> None:
                                        ttsfrd_dir=spec.ttsfrd_dir, llm_base_url=spec.llm_base_url,
                                        llm_api_key=spec.llm_api_key, cache_mb=spec.cache_mb, tf32=spec.tf32,
                                        llm_variant=spec.llm_variant, compile=spec.compile,
-                                       flow_batch=spec.flow_batch if spec.max_batch > 1 else 1)
+                                       flow_batch=spec.flow_batch if spec.max_batch > 1 else 1,
+                                       # a backend not up yet (compose, Kubernetes start them in any order)
+                                       # is the pool's to retry and /ready's to report, not a failed start
+                                       require_backend=False)
     except Exception as e:  # reported to the parent, which refuses to start
         conn.send(("failed", f"{type(e).__name__}: {e}"))
         return
