@@ -75,7 +75,8 @@ class Engine:
         """Everything from one model directory. With `llm_base_url` (comma-separated backends) the LM runs
         remotely and only its embedding tables are loaded here; the backends are checked now (key accepted,
         serving this llm.pt; reachable: at least one, unless `require_backend` is False, as for a server's
-        workers, which start before their backend does and are not ready until it serves). `cache_mb`: streaming flow state budget (`load_token2wav`).
+        workers, which start before their backend does and are not ready until it serves). `cache_mb`:
+        streaming flow state budget (`load_token2wav`).
         `llm_variant`: another LM checkpoint of the family (CosyVoice3 "rl": llm.rl.pt), embedded or served.
 
         `dtype` (or its name, `--dtype`): the embedded LM's and the flow estimator's; the rest stays float32
