@@ -169,11 +169,12 @@ def readiness(service: FrontendService, llm_base_url: str | None,
         return (False, "; ".join(errors)) if errors else (True, "ready")
 
     for b in backends:  # at start-up: each reachable backend's max_model_len (later ones at /ready)
-        try:
-            b.check()
-            learn_max_len(b)
-        except BackendError as e:  # e.g. still starting: /health is up, /ready answers 503 until it serves
-            say(f"not ready yet: {e}")
+        learn_max_len(b)
+        if b.base_url not in lens:  # it did not answer: say why (e.g. still starting: /ready answers 503)
+            try:
+                b.check()
+            except BackendError as e:
+                say(f"not ready yet: {e}")
 
     return ready
 

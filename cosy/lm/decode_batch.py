@@ -24,7 +24,7 @@ from torch import Tensor
 
 from cosy.lm.model import SpeechLM
 from cosy.lm.qwen2 import KVCache, Qwen2Model, RotaryTable, grouped_attention
-from cosy.lm.sampling import SamplingParams, ras_sample
+from cosy.lm.sampling import SamplingParams
 
 
 def decode_step(model: Qwen2Model, x: Tensor, caches: list[KVCache], ropes: list[RotaryTable]) -> Tensor:
@@ -62,18 +62,16 @@ class _Row:
         self.lm, self.cache, self.rope, self.p, self.gen = lm, cache, rope, p, gen
         self.min_len, self.max_len = min_len, max_len
         self.history: list[int] = []
-        self.stop_ids = torch.tensor(sorted(lm.tokens.stop), device=lm.device) if p.ignore_stop else None
+        self.stop_ids = lm._stop_ids(p)
         self.out: queue.Queue = queue.Queue()  # tokens, then None (end) or an exception
         self.done = False  # ended, or its caller left: the decode thread drops it
 
     def take(self, logits: Tensor) -> Tensor | None:
         """Draw the next token from this row's logits (V,); queue it and return its embedding (1, 1, H) to
         feed next, or None when the row has ended (a stop token, or max_len tokens)."""
-        if self.stop_ids is not None:
-            logits.index_fill_(-1, self.stop_ids, float("-inf"))
-        token = ras_sample(logits, self.history, self.p, self.gen, mask_eos=len(self.history) < self.min_len,
-                           tokens=self.lm.tokens)
-        if token in self.lm.tokens.stop:
+        token = self.lm._draw(logits, self.history, self.p, self.gen, self.stop_ids,
+                              mask_eos=len(self.history) < self.min_len)
+        if token is None:
             return self.end()
         self.out.put(token)
         self.history.append(token)

@@ -151,20 +151,29 @@ class SpeechLM(nn.Module):
             gen.manual_seed(seed)
         cache, rope = self._start(prompt_embeds, max(max_len, 0))
         history: list[int] = []
-        stop = self.tokens.stop
-        # on the device once, not a host list copied over at every step
-        stop_ids = torch.tensor(sorted(stop), device=self.device) if p.ignore_stop else None
+        stop_ids = self._stop_ids(p)
         x = prompt_embeds
         for i in range(max_len):
             logits, _ = self._step(x, cache, rope)
-            if stop_ids is not None:
-                logits.index_fill_(-1, stop_ids, float("-inf"))
-            token = ras_sample(logits, history, p, gen, mask_eos=i < min_len, tokens=self.tokens)
-            if token in stop:
+            token = self._draw(logits, history, p, gen, stop_ids, mask_eos=i < min_len)
+            if token is None:
                 return
             yield token
             history.append(token)
             x = self._embed_speech(token)
+
+    def _stop_ids(self, p: SamplingParams) -> Tensor | None:
+        """The stop ids `p.ignore_stop` masks at every step: on the device once, not a host list copied over
+        at every step."""
+        return torch.tensor(sorted(self.tokens.stop), device=self.device) if p.ignore_stop else None
+
+    def _draw(self, logits: Tensor, history: list[int], p: SamplingParams, gen: torch.Generator,
+              stop_ids: Tensor | None, mask_eos: bool) -> int | None:
+        """One step's token from its logits (V,) (RAS over `history`); None for a stop token."""
+        if stop_ids is not None:
+            logits.index_fill_(-1, stop_ids, float("-inf"))
+        token = ras_sample(logits, history, p, gen, mask_eos=mask_eos, tokens=self.tokens)
+        return None if token in self.tokens.stop else token
 
     @torch.no_grad()
     def teacher_forced_logprobs(self, prompt_embeds: Tensor, continuation: Sequence[int]) -> tuple[Tensor, Tensor]:
