@@ -3,7 +3,7 @@ flow/HiFT work through one SpeechScheduler, each request on its thread), with th
 backend, timed token by token and work item by work item.
 
     python bench/split_timeline.py [--model_dir DIR] [--tokens 100] [--repeats 3] [--concurrency 1,4]
-        [--threads 2] [--speech_cache_mb 2048] [--lms embedded,backend]
+        [--threads 2] [--speech_cache_mb 2048] [--lms embedded,backend,backend-off]
         [--backend_url URL | --backend_cpus LIST --backend_nice N --backend_idle]
 
 Per LM and level (N requests started at once), medians over requests and --repeats of, in seconds since the
@@ -13,6 +13,8 @@ started and how long it took (0 when the stream computes none), when its flow st
 scheduler's queue behind other requests' work) and how long the flow and the HiFT step took, the first
 chunk, and the whole request. The HTTP surfaces add their encoding and transport on top (bench/deployment.py
 measures those end to end). Without --backend_url a backend is started on the model (`launch/backend.py`).
+--lms: `backend` is the app's default on a backend of this machine (a stream's first chunk decoded apart,
+`cosy.lm.first_chunk`), `backend-off` one request per sentence (`--llm_split_first_chunk off`).
 --speech_cache_mb: the engines' flow state budget, by default app.py's on the CPU (2048 MB: the saved
 voice's prompt chunks are computed once, not per request).
 """
@@ -91,8 +93,7 @@ def one(engine: Engine, line: Timeline, scheduler: SpeechScheduler, voice, rid: 
     for _ in engine.synthesize(req):
         first = first or time.perf_counter() - line.start
     total = time.perf_counter() - line.start
-    n, hop = voice.speech_tokens.shape[1], engine.t2w.hop_len  # the tokens the first chunk waits for
-    need = hop + (-n) % hop + engine.t2w.lookahead
+    need = engine.t2w.first_chunk_tokens(voice.speech_tokens.shape[1])  # the tokens the first chunk waits for
     # the items done by the first chunk: its flow and HiFT step, after the prompt chunk computed ahead if any
     done = [item for item in line.items if item[2] <= first]
     (_, flow_start, flow_end), (_, hift_start, hift_end) = done[-2:]
@@ -110,7 +111,7 @@ def level(engine: Engine, line: Timeline, scheduler: SpeechScheduler, voice, n: 
 
 def report(name: str, n: int, runs: list[dict[str, float]]) -> None:
     m = {k: statistics.median(r[k] for r in runs) for k in PARTS}
-    print(f"{name:<9} x{n:<2} token 1 {m['token1']:6.2f}  token {runs[0]['need']} {m['token_need']:6.2f}  "
+    print(f"{name:<11} x{n:<2} token 1 {m['token1']:6.2f}  token {runs[0]['need']} {m['token_need']:6.2f}  "
           f"ahead starts {m['ahead_start']:6.2f}, takes {m['ahead']:5.2f}  "
           f"flow starts {m['flow_start']:6.2f}, takes {m['flow']:5.2f}  HiFT {m['hift']:5.2f}  "
           f"first chunk {m['first']:6.2f}  total {m['total']:6.2f}", flush=True)
@@ -124,7 +125,9 @@ def main() -> None:
     ap.add_argument("--concurrency", default="1,4")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--speech_cache_mb", type=int, default=None, help="default: app.py's on the CPU")
-    ap.add_argument("--lms", default="embedded,backend")
+    ap.add_argument("--lms", default="embedded,backend",
+                    help="embedded, backend (the app's default: a stream's first chunk decoded apart on a "
+                         "backend of this machine), backend-off (--llm_split_first_chunk off)")
     ap.add_argument("--backend_url")
     ap.add_argument("--api_key", default=os.environ.get("COSY_LLM_API_KEY", "bench-key"))
     ap.add_argument("--backend_cpus")
@@ -134,7 +137,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     lms, levels = args.lms.split(","), [int(c) for c in args.concurrency.split(",")]
     proc, url = None, args.backend_url
-    if "backend" in lms and not url:
+    if any(name.startswith("backend") for name in lms) and not url:
         prefix = ("chrt", "--idle", "0") if args.backend_idle else ()
         extra = ("--cpus", args.backend_cpus) if args.backend_cpus else ()
         extra += ("--nice", str(args.backend_nice)) if args.backend_nice else ()
@@ -144,7 +147,10 @@ def main() -> None:
         line = Timeline()
         engines, schedulers = {}, {}
         for name in lms:
-            remote = {"llm_base_url": url, "llm_api_key": args.api_key} if name == "backend" else {}
+            remote = {}
+            if name.startswith("backend"):  # backend-off: one request per sentence (--llm_split_first_chunk off)
+                remote = {"llm_base_url": url, "llm_api_key": args.api_key,
+                          "llm_split_first_chunk": "off" if name == "backend-off" else "auto"}
             e = engines[name] = Engine.from_model_dir(args.model_dir, cache_mb=cache, **remote)
             e.lm = TimedLM(FixedLengthLM(e.lm, args.tokens), line)
             schedulers[name] = SpeechScheduler()  # a worker's: one runner, first chunks first, no batching

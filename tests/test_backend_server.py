@@ -229,6 +229,30 @@ def test_ras_redraws_repeats_through_the_server(peaked_backend, peaked_model_dir
     assert _chi_square_p(collections.Counter(c for _, c in pairs), p2, n) > ALPHA
 
 
+def test_a_first_chunk_decoded_apart_keeps_the_ras_window(peaked_backend, peaked_model_dir):
+    """The same 2-token draws as above, each split after its first token into two requests
+    (`cosy.lm.first_chunk`, as a streamed utterance's first chunk is): the second request's RAS window starts
+    with the first token and it still masks eos, so pairs never repeat and the second token follows the
+    unsplit distribution."""
+    from cosy.lm.pool import BackendPool
+    from cosy.lm.prompt import PromptEmbedder
+    from cosy.lm.remote import RemoteLM
+    bias = torch.load(peaked_model_dir / LLM, weights_only=True)["llm_decoder.bias"]
+    n, p = 300, SamplingParams()
+    p1 = ras_distribution(bias, [], p, mask_eos=True, tokens=TOKENS)
+    p2 = sum(p1[t] * ras_distribution(bias, [t], p, mask_eos=True, tokens=TOKENS)
+             for t in p1.nonzero().flatten().tolist())
+    embedder = PromptEmbedder.from_model_dir(peaked_model_dir)
+    pool = BackendPool([RemoteLM(peaked_backend.url, peaked_backend.api_key, peaked_backend.model_name)])
+    pool.embed_speech = embedder.speech
+    x = torch.randn(1, 6, embedder.hidden_size)
+    with ThreadPoolExecutor(16) as workers:
+        pairs = list(workers.map(lambda seed: list(pool.generate(x, 2, 2, seed=seed, first=1)), range(n)))
+    assert all(len(pair) == 2 for pair in pairs)
+    assert not [pair for pair in pairs if pair[0] == pair[1]]
+    assert _chi_square_p(collections.Counter(c for _, c in pairs), p2, n) > ALPHA
+
+
 def test_a_graceful_stop_exits_0_and_frees_the_port(peaked_backend):
     """SIGTERM (what `podman stop` and Kubernetes send): the backend stops vLLM, exits 0 and frees its port
     for a restart on it. Checked on the peaked backend once its module is done with it, so that it costs no

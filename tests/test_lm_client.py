@@ -1,6 +1,7 @@
 """The frontend's LM client against things that are not a working backend: clear errors, no hangs."""
 from __future__ import annotations
 
+import dataclasses
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -239,3 +240,98 @@ def test_a_token_stream_collected_inside_the_pools_lock_does_not_deadlock():
     assert finalizers_inside(garbage_stream, lambda: picks.append(pool._pick(set())), within=30), \
         "a stream's finally waited on the pool's lock held by its own thread"
     assert len(picks) == 29 and pool.in_flight[backend] == len(picks)  # every collected stream counted itself out
+
+
+# ---- a streamed utterance's first chunk decoded apart (cosy.lm.first_chunk) ------------------------------
+
+@pytest.mark.quick
+def test_split_first_chunk_auto_means_every_backend_on_this_machine():
+    from cosy.lm.first_chunk import wanted
+    assert wanted("auto", "http://127.0.0.1:8000/v1") and wanted("auto", "http://localhost:8000/v1,http://[::1]:9/v1")
+    assert not wanted("auto", "http://127.0.0.1:8000/v1,http://10.1.2.3:8000/v1")  # one elsewhere: off
+    assert not wanted("auto", "http://no-such-host.invalid:8000/v1")  # unresolvable: not known to be here
+    assert wanted("on", "http://10.1.2.3:8000/v1") and not wanted("off", "http://127.0.0.1:8000/v1")
+    with pytest.raises(ValueError, match="--llm_split_first_chunk 'yes': must be one of auto, on, off"):
+        wanted("yes", "http://127.0.0.1:8000/v1")
+
+
+class _Noted(BackendPool):
+    """A real pool that notes the token count the caller had taken whenever it opens a request."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.taken, self.opened = 0, []
+
+    def _stream(self, call):
+        self.opened.append(self.taken)
+        for token in super()._stream(call):
+            self.taken += 1
+            yield token
+
+
+def test_first_chunk_apart_is_the_same_decode_and_the_rest_opens_when_asked(backend, tiny):
+    """Greedy, the two requests give the embedded LM's tokens exactly: the second request's prompt is the
+    first's plus the first chunk's tokens as fed, and it still masks eos until min_len (12 > first)."""
+    from cosy.lm.sampling import SamplingParams
+    lm, embedder = tiny
+    pool = _Noted([RemoteLM(backend.url, backend.api_key, backend.model_name)])
+    pool.embed_speech = embedder.speech
+    x, greedy = embedder([100, 200, 300, 400], [7, 8], [11, 12, 13]), SamplingParams(greedy=True)
+    ours = list(lm.generate(x, 12, 60, params=greedy))
+    tokens = pool.generate(x, 12, 60, seed=0, params=greedy, first=5)
+    got = [next(tokens) for _ in range(5)]
+    assert pool.opened == [0]  # the rest is not asked for yet: the backend decodes nothing more
+    got += list(tokens)
+    assert pool.opened == [0, 5] and got == ours and len(ours) >= 12
+    assert pool.in_flight == {id(pool.backends[0]): 0}
+    # seeded RAS: reproducible (both requests seeded), and no split without embed_speech or past max_len
+    assert list(pool.generate(x, 8, 40, seed=3, first=5)) == list(pool.generate(x, 8, 40, seed=3, first=5))
+    pool.opened.clear()
+    list(pool.generate(x, 8, 5, seed=3, first=5))
+    pool.embed_speech = None
+    list(pool.generate(x, 8, 40, seed=3, first=5))
+    assert len(pool.opened) == 2
+
+
+def test_engine_streams_the_first_chunk_apart_with_the_same_audio(backend, tiny_model_dir):
+    """Through the engine: greedy, the split stream's audio is the one-request stream's, bit for bit. The
+    engine asks for the first chunk's token count (the prompt's pad, a hop, the look-ahead) and takes the
+    token after it only once the first chunk's audio is made, so the backend idles meanwhile (sampled: the
+    random tiny LM's greedy output is long silence, which the engine drops, and so takes more tokens)."""
+    from conftest import ASSETS
+
+    from cosy.pipeline.engine import Engine, SynthesisRequest
+    req = SynthesisRequest(mode="zero_shot", text="今天天气很好我们一起去公园散步吧。", prompt_text=ZS_TEXT,
+                           prompt_wav=str(ASSETS / "zero_shot_prompt.wav"), stream=True, greedy=True, seed=2)
+    audio, log = {}, []
+    for setting in ("off", "auto"):  # auto: the backend is on 127.0.0.1
+        engine = Engine.from_model_dir(tiny_model_dir, llm_base_url=backend.url, llm_api_key=backend.api_key,
+                                       llm_split_first_chunk=setting)
+        assert engine.split_first == (setting == "auto")
+        audio[setting] = torch.cat(list(engine.synthesize(req)))
+    assert torch.equal(audio["off"], audio["auto"]) and audio["off"].numel() > 0
+
+    class Logged:
+        def __init__(self, lm):
+            self.lm, self.sampling = lm, lm.sampling
+
+        def generate(self, *args, **kwargs):
+            log.append(("first", kwargs.get("first")))
+            for token in self.lm.generate(*args, **kwargs):
+                log.append("token")
+                yield token
+
+    def run(first, fn, batch=None):
+        out = fn()
+        log.append(("run", first))  # first: work of the first chunk (its prompt part ahead, flow, HiFT)
+        return out
+    engine.lm, engine.speech_runner = Logged(engine.lm), run
+    list(engine.synthesize(dataclasses.replace(req, greedy=False)))
+    prompt = engine.prompt_features(str(ASSETS / "zero_shot_prompt.wav")).speech_tokens.shape[1]
+    need = engine.t2w.first_chunk_tokens(prompt)
+    tokens = [i for i, e in enumerate(log) if e == "token"]
+    first_chunk = [i for i, e in enumerate(log) if e == ("run", True)]
+    assert log[0] == ("first", need) and [e for e in log if e[0] == "first"] == [log[0]]  # one sentence
+    assert len(tokens) > need
+    # its flow and HiFT ran after its last token and before the next one was taken
+    assert max(first_chunk) < tokens[need] and len([i for i in first_chunk if tokens[need - 1] < i]) >= 2

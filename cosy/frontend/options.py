@@ -85,6 +85,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="seconds an LM backend may keep a request waiting for its first token while it sends "
                         "only queue keep-alives (queued is not stalled, but not forever) before the request "
                         f"moves to another backend or fails (default {DEFAULT_QUEUE_TIMEOUT:g})")
+    from cosy.lm.first_chunk import SETTINGS
+    p.add_argument("--llm_split_first_chunk", choices=SETTINGS, default="auto",
+                   help="ask the LM backend for a streamed utterance's first chunk of tokens as a request of its "
+                        "own and for the rest once that chunk is out, so that the backend's decode does not slow "
+                        "the first chunk's flow on a machine both share (on, off; default auto: on when every "
+                        "--llm_base_url host is this machine's loopback; see README 'One machine')")
     from cosy.frontend.http_protocol import HEADER_TIMEOUT
     p.add_argument("--header_timeout", type=float, default=HEADER_TIMEOUT,
                    help="seconds a connection has to send a request line and its headers; slower ones are "

@@ -61,6 +61,7 @@ def build_service(args: argparse.Namespace, env: dict[str, str] | None = None) -
                       llm_base_url=args.llm_base_url, llm_api_key=args.llm_api_key,
                       llm_stall_timeout=args.llm_stall_timeout,
                       llm_queue_timeout=args.llm_queue_timeout, max_batch=max_batch(args, device),
+                      llm_split_first_chunk=args.llm_split_first_chunk,
                       flow_batch=flow_batch(args, device),
                       cache_mb=speech_cache_mb(args, device), fixed_tokens=args.fixed_tokens,
                       lm_batch=getattr(args, "lm_batch", 0),

@@ -13,9 +13,9 @@ class FixedLengthLM:
             raise ValueError(f"fixed token count must be >= 1, got {n}")
         self.lm, self.n, self.sampling = lm, n, lm.sampling
 
-    def generate(self, prompt_embeds, min_len, max_len, seed=None, params=None):
+    def generate(self, prompt_embeds, min_len, max_len, seed=None, params=None, **kwargs):
         params = dataclasses.replace(params or self.sampling, ignore_stop=True)
-        return self.lm.generate(prompt_embeds, self.n, self.n, seed=seed, params=params)
+        return self.lm.generate(prompt_embeds, self.n, self.n, seed=seed, params=params, **kwargs)
 
     def __getattr__(self, name):  # everything else (configure, health, close, ...) is the wrapped LM's
         return getattr(self.lm, name)

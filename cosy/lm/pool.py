@@ -11,15 +11,17 @@ frontend's `/ready` agree on which backends are usable.
 """
 from __future__ import annotations
 
+import random
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from torch import Tensor
 
+from cosy.lm.first_chunk import MAX_SEED, split_decode
 from cosy.lm.remote import BackendError, BackendUnavailable, RemoteLM
 from cosy.lm.sampling import SamplingParams
-from cosy.model.family import ModelFamily
+from cosy.model.family import ModelFamily, SpeechTokens
 
 
 class _SharedDeadUntil:
@@ -47,6 +49,8 @@ class BackendPool:
         # re-entrant: a stream's `finally` takes it, and the garbage collector may run that finally (of a
         # generator dropped unclosed) inside `_pick` on the same thread; its counters stay consistent
         self._lock = threading.RLock()
+        # speech ids -> (1, n, H) input embeddings: set (by the engine) to decode first chunks apart
+        self.embed_speech: Callable[[list[int]], Tensor] | None = None
 
     def configure(self, stall_timeout: float | None = None, shared_health=None,
                   queue_timeout: float | None = None) -> None:
@@ -106,8 +110,19 @@ class BackendPool:
             self.in_flight[id(best)] += 1
             return best, not live
 
+    @property
+    def tokens(self) -> SpeechTokens:
+        return self.backends[0].tokens
+
     def generate(self, prompt_embeds: Tensor, min_len: int, max_len: int, seed: int | None = None,
-                 params: SamplingParams | None = None) -> Iterator[int]:
+                 params: SamplingParams | None = None, first: int = 0) -> Iterator[int]:
+        """`RemoteLM.generate` on the least loaded live backend. `first` > 0 (a streamed utterance's first
+        chunk) with `embed_speech` set: the first `first` tokens as a request of their own, the rest when
+        asked for (`cosy.lm.first_chunk`)."""
+        if 0 < first < max_len and self.embed_speech is not None:
+            seed = seed if seed is not None else random.randrange(MAX_SEED)
+            return split_decode(self, self.embed_speech, prompt_embeds, min_len, max_len, first, seed,
+                                params or self.sampling)
         return self._stream(lambda b, retries: b.generate(prompt_embeds, min_len, max_len, seed=seed, params=params,
                                                           retries=retries))
 

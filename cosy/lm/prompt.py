@@ -92,6 +92,13 @@ class PromptEmbedder:
         """(1, L, H) of `cosy.lm.bistream.Segment`s (see `embed_segments`)."""
         return embed_segments(self.tables, self.family, segments)
 
+    @torch.no_grad()
+    def speech(self, ids: Sequence[int]) -> Tensor:
+        """(1, n, H): generated speech tokens as the LM is fed them (a continued decode's prompt,
+        `cosy.lm.first_chunk`)."""
+        table = self.tables["speech_embedding"]
+        return table[ids_tensor(ids, self.family.tokens.size, "speech token", table.device)].unsqueeze(0)
+
     def __call__(self, text_ids: Sequence[int] | Tensor, prompt_text_ids: Sequence[int] | Tensor = (),
                  prompt_speech_tokens: Sequence[int] | Tensor = ()) -> Tensor:
         return build_prompt_embeds(self.tables, self.family, text_ids, prompt_text_ids, prompt_speech_tokens)

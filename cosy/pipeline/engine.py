@@ -24,6 +24,7 @@ from torch import Tensor
 from cosy.audio.io import load_prompt_wav
 from cosy.lm.bistream import decode as bistream_decode
 from cosy.lm.bistream_steps import EmbeddedSteps, RemoteSteps
+from cosy.lm import first_chunk
 from cosy.lm.export import llm_fingerprint, served_model_name
 from cosy.lm.prompt import PromptEmbedder
 from cosy.lm.sampling import SamplingParams
@@ -65,13 +66,16 @@ class Engine:
         # runs flow/HiFT work: (first_chunk, fn) -> fn(); a worker serving many requests at once sets
         # a `cosy.speech.scheduler.SpeechScheduler.run` here
         self.speech_runner = None
+        # the LM decodes a stream's first chunk apart when told how many tokens it is (a BackendPool with
+        # `embed_speech`: `cosy.lm.first_chunk`); the embedded LM pauses by itself between tokens
+        self.split_first = getattr(lm, "embed_speech", None) is not None
 
     @classmethod
     def from_model_dir(cls, model_dir: str | Path, device: str = "cpu", dtype: torch.dtype | str = torch.float32,
                        ttsfrd_dir: str | Path | None = None, llm_base_url: str | None = None,
                        llm_api_key: str | None = None, cache_mb: int = 0, tf32: bool = True,
                        llm_variant: str | None = None, compile: bool = False, flow_batch: int = 1,
-                       require_backend: bool = True) -> "Engine":
+                       require_backend: bool = True, llm_split_first_chunk: str = "auto") -> "Engine":
         """Everything from one model directory. With `llm_base_url` (comma-separated backends) the LM runs
         remotely and only its embedding tables are loaded here; the backends are checked now (key accepted,
         serving this llm.pt; reachable: at least one, unless `require_backend` is False, as for a server's
@@ -84,7 +88,8 @@ class Engine:
         CUDA device, TF32 matmuls and convolutions for this process (False: strict float32). `compile`:
         torch.compile the flow estimator and the embedded LM's stack, compiled here before any request
         (`cosy.pipeline.compiled`); `flow_batch` > 1 (the worker batches flows) compiles the batched graphs
-        too."""
+        too. `llm_split_first_chunk` (auto, on, off): a streamed utterance's first chunk decoded apart on the
+        backends (`cosy.lm.first_chunk`; auto: when they are on this machine)."""
         if isinstance(dtype, str):
             dtype = resolve_dtype(dtype, device)
         else:
@@ -100,6 +105,8 @@ class Engine:
                                         served_model_name(llm_fingerprint(md.path, variant=llm_variant), family),
                                         md.config.sampling, family=family, require_reachable=require_backend)
             prompt_embeds = PromptEmbedder.from_model_dir(md, llm_variant)
+            if first_chunk.wanted(llm_split_first_chunk, llm_base_url):
+                lm.embed_speech = prompt_embeds.speech
         else:
             lm = import_object(family.lm).from_model_dir(md, device=device, dtype=dtype, variant=llm_variant)
             prompt_embeds = lm.prompt_embeds
@@ -148,8 +155,11 @@ class Engine:
             embeds = self._prompt_embeds(text_ids, inputs.prompt_text, inputs.prompt_speech)
             min_len, max_len = self.family.length_limits(len(text_ids))
             params = dataclasses.replace(self.lm.sampling, greedy=True) if req.greedy else None
-            tokens = drop_long_silence(self.lm.generate(embeds, min_len, max_len, seed=seed + i, params=params),
-                                       self.family.tokens)
+            apart = {}  # the utterance's first chunk, for its first packet
+            if self.split_first and req.stream and i == 0:
+                apart["first"] = self.t2w.first_chunk_tokens(flow_prompt.tokens.shape[1])
+            tokens = drop_long_silence(self.lm.generate(embeds, min_len, max_len, seed=seed + i, params=params,
+                                                        **apart), self.family.tokens)
             yield from self._token2wav(tokens, flow_prompt, req, seed + i, min_len)
 
     def _ssml(self, req: SynthesisRequest, speech: list[int], flow_prompt: FlowPrompt,

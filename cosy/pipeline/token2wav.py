@@ -68,6 +68,15 @@ class Token2Wav:
     def device(self) -> torch.device:
         return next(self.hift.parameters()).device
 
+    def first_pad(self, prompt_tokens: int) -> int:
+        """Tokens that complete the prompt's last hop: the first chunk is that much longer (official)."""
+        return math.ceil(prompt_tokens / self.hop_len) * self.hop_len - prompt_tokens
+
+    def first_chunk_tokens(self, prompt_tokens: int) -> int:
+        """Tokens a stream's first chunk waits for, after a prompt of `prompt_tokens`: the pad, one hop and
+        the look-ahead."""
+        return self.first_pad(prompt_tokens) + self.hop_len + self.lookahead
+
     def generator(self, seed: int | None) -> torch.Generator:
         g = torch.Generator(device=self.device)
         g.manual_seed(seed if seed is not None else torch.seed())

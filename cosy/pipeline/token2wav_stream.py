@@ -7,7 +7,6 @@ flow) the frames that complete the prompt's last chunk are computed as soon as t
 """
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -33,8 +32,7 @@ class Token2WavStream:
         self.tokens: list[int] = []
         self.offset = 0  # tokens already turned into audio
         self.hop = t2w.hop_len
-        n_prompt = prompt.tokens.shape[1]
-        self.first_pad = math.ceil(n_prompt / t2w.hop_len) * t2w.hop_len - n_prompt
+        self.first_pad = t2w.first_pad(prompt.tokens.shape[1])
         self.stretcher = MelStretcher(speed) if speed != 1.0 else None
         self.vocoder = t2w.stream_vocoder(t2w.hift, generator, self.window)  # mel chunks -> audio chunks
         self.state: incremental.FlowState | None = None  # flow state of finished chunks (with a budget)
@@ -45,7 +43,7 @@ class Token2WavStream:
     @property
     def first_chunk_tokens(self) -> int:
         """Tokens the first chunk waits for: the prompt's pad, one hop and the look-ahead."""
-        return self.first_pad + self.t2w.hop_len + self.t2w.lookahead
+        return self.t2w.first_chunk_tokens(self.prompt.tokens.shape[1])
 
     def _next_hop(self) -> int:
         return self.hop + self.first_pad if self.offset == 0 else self.hop

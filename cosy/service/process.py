@@ -37,6 +37,7 @@ class EngineSpec:
     threads: int | None = None
     llm_stall_timeout: float | None = None  # seconds without an LM token before the backend counts as stalled
     llm_queue_timeout: float | None = None  # seconds to the first token while the backend sends keep-alives only
+    llm_split_first_chunk: str = "auto"  # a stream's first chunk decoded apart (cosy.lm.first_chunk)
     max_batch: int = 1  # live requests per worker process (1: the old one-request-at-a-time loop)
     flow_batch: int = 1  # requests whose flows may run as one padded batch (1: each alone)
     cache_mb: int = 0  # streaming flow state budget (cosy.speech.cache); 0 recomputes every prefix
@@ -216,7 +217,7 @@ def _serve(spec: EngineSpec, conn, cancel, health, prepare) -> None:
                                        flow_batch=spec.flow_batch if spec.max_batch > 1 else 1,
                                        # a backend not up yet (compose, Kubernetes start them in any order)
                                        # is the pool's to retry and /ready's to report, not a failed start
-                                       require_backend=False)
+                                       require_backend=False, llm_split_first_chunk=spec.llm_split_first_chunk)
     except Exception as e:  # reported to the parent, which refuses to start
         conn.send(("failed", f"{type(e).__name__}: {e}"))
         return
