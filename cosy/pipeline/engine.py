@@ -22,9 +22,9 @@ import torch
 from torch import Tensor
 
 from cosy.audio.io import load_prompt_wav
+from cosy.lm import first_chunk
 from cosy.lm.bistream import decode as bistream_decode
 from cosy.lm.bistream_steps import EmbeddedSteps, RemoteSteps
-from cosy.lm import first_chunk
 from cosy.lm.export import llm_fingerprint, served_model_name
 from cosy.lm.prompt import PromptEmbedder
 from cosy.lm.sampling import SamplingParams
