@@ -66,9 +66,5 @@ def split_decode(lm, embed_speech: Callable[[list[int]], Tensor], prompt_embeds:
     if len(got) < first:  # a stop token ended it
         return
     rest = cat([prompt_embeds, embed_speech(got).to(prompt_embeds)], dim=1)
-    stop = set() if params.ignore_stop else set(lm.tokens.stop)
-    for token in lm.complete(rest, max_len - first, max(0, min_len - first), seed=rest_seed(seed), params=params,
-                             history=got):
-        if token in stop:
-            return
-        yield token
+    yield from lm.generate(rest, max(0, min_len - first), max_len - first, seed=rest_seed(seed), params=params,
+                           history=got)

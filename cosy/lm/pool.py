@@ -21,7 +21,7 @@ from torch import Tensor
 from cosy.lm.first_chunk import MAX_SEED, split_decode
 from cosy.lm.remote import BackendError, BackendUnavailable, RemoteLM
 from cosy.lm.sampling import SamplingParams
-from cosy.model.family import ModelFamily, SpeechTokens
+from cosy.model.family import ModelFamily
 
 
 class _SharedDeadUntil:
@@ -110,12 +110,9 @@ class BackendPool:
             self.in_flight[id(best)] += 1
             return best, not live
 
-    @property
-    def tokens(self) -> SpeechTokens:
-        return self.backends[0].tokens
-
     def generate(self, prompt_embeds: Tensor, min_len: int, max_len: int, seed: int | None = None,
-                 params: SamplingParams | None = None, first: int = 0) -> Iterator[int]:
+                 params: SamplingParams | None = None, first: int = 0,
+                 history: list[int] | None = None) -> Iterator[int]:
         """`RemoteLM.generate` on the least loaded live backend. `first` > 0 (a streamed utterance's first
         chunk) with `embed_speech` set: the first `first` tokens as a request of their own, the rest when
         asked for (`cosy.lm.first_chunk`)."""
@@ -124,7 +121,7 @@ class BackendPool:
             return split_decode(self, self.embed_speech, prompt_embeds, min_len, max_len, first, seed,
                                 params or self.sampling)
         return self._stream(lambda b, retries: b.generate(prompt_embeds, min_len, max_len, seed=seed, params=params,
-                                                          retries=retries))
+                                                          retries=retries, history=history))
 
     def complete(self, *args, **kwargs) -> Iterator[int]:
         """`RemoteLM.complete` on the least loaded live backend (a continued decode sends its whole prefix,

@@ -163,11 +163,13 @@ class RemoteLM:
                 f"{produced} tokens (--llm_stall_timeout); the request was not completed")
 
     def generate(self, prompt_embeds: Tensor, min_len: int, max_len: int, seed: int | None = None,
-                 params: SamplingParams | None = None, retries: int | None = None) -> Iterator[int]:
+                 params: SamplingParams | None = None, retries: int | None = None,
+                 history: list[int] | None = None) -> Iterator[int]:
         """Yield speech tokens as the backend streams them (never a stop token). Closing the iterator
-        closes the HTTP stream, which aborts the request on the backend. `retries`: see `complete`."""
+        closes the HTTP stream, which aborts the request on the backend. `retries`, `history` (the outputs
+        of a continued decode): see `complete`."""
         p = params or self.sampling
-        for token in self.complete(prompt_embeds, max_len, min_len, None, seed, p, retries=retries):
+        for token in self.complete(prompt_embeds, max_len, min_len, None, seed, p, history, retries=retries):
             if token in self.tokens.stop and not p.ignore_stop:
                 return
             yield token
