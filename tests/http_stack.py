@@ -60,7 +60,9 @@ def _serve(app):
 
 @pytest.fixture(scope="module")
 def stack(tiny_model_dir, tmp_path_factory):
-    pool = WorkerPool(EngineSpec(str(tiny_model_dir)), workers=1, max_queue=8).start()
+    pool = WorkerPool(EngineSpec(str(tiny_model_dir)), workers=1, max_queue=8)
+    pool.cancel_grace = 20.0  # a worker stuck on a cancel: its stacks in the failing test's output, then a new one
+    pool.start()
     data = DataDir(tmp_path_factory.mktemp("data"))
     service = FrontendService(pool, data)
     state = {"ready": (True, "models loaded")}
@@ -71,7 +73,8 @@ def stack(tiny_model_dir, tmp_path_factory):
                    data={"text": ZS_TEXT}, timeout=60)
     assert r.status_code == 200, r.text
     yield SimpleNamespace(url=url, keyed=keyed, pool=pool, service=service, data=data, state=state,
-                          ref=r.json()["id"], client=openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0))
+                          ref=r.json()["id"], client=openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0,
+                                                                timeout=120))
     for server, thread, _ in servers:
         server.should_exit = True
         thread.join(10)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import threading
 import time
 
+import numpy as np
 import pytest
 from conftest import ASSETS
 
@@ -123,3 +124,94 @@ def test_a_worker_killed_mid_batch_fails_only_its_requests_and_is_replaced(tiny_
         assert victim.pid not in [q.pid for q in p._procs[-2:]]
     finally:
         p.close()
+
+
+STUCK = "这一句会卡住。"  # the text that makes `stuck_on_cancel`'s worker hang
+
+
+def stuck_on_cancel(engine) -> None:
+    """Worker prepare hook: a request for STUCK yields one chunk, then hangs deaf to every cancel (as a
+    worker stuck in a native call or a deadlock would); other requests are served as usual."""
+    synthesize = engine.synthesize
+
+    def hanging(req, *args, **kwargs):
+        chunks = synthesize(req, *args, **kwargs)
+        yield next(chunks)
+        if req.text == STUCK:
+            while True:
+                try:
+                    time.sleep(0.05)
+                except BaseException:  # the interrupt included: nothing gets it out
+                    pass
+        yield from chunks
+
+    engine.synthesize = hanging
+
+
+def test_a_worker_stuck_on_a_cancel_is_dumped_killed_and_replaced(tiny_model_dir, capfd, caplog):
+    """A cancelled job whose worker never ends it: after `cancel_grace` s the worker's stacks go to its
+    stderr (naming where it hangs), it is killed and restarted, and the pool serves the next request."""
+    p = WorkerPool(EngineSpec(str(tiny_model_dir)), workers=1)
+    p.worker_prepare, p.cancel_grace = stuck_on_cancel, 2.0
+    p.start()
+    try:
+        first = p._procs[-1].pid
+        chunks = p.synthesize(request(text=STUCK, stream=True))
+        assert len(next(chunks)) > 0
+        cancelled = time.monotonic()
+        chunks.close()  # the caller goes away
+        while p.stats()["busy"]:
+            assert time.monotonic() < cancelled + 60, "the stuck worker still holds its job"
+            time.sleep(0.05)
+        took = time.monotonic() - cancelled
+        assert 2.0 <= took < 30, took  # not before the grace, and not much after it
+        assert "it is stuck" in caplog.text and "[" in caplog.text
+        err = capfd.readouterr().err
+        assert "in hanging" in err and "test_service.py" in err, err[-2000:]  # the dump names the hang
+        assert sum(len(c) for c in p.synthesize(request(text="你好。"))) > 0  # a new worker serves
+        assert first not in [q.pid for q in p._procs[-1:]] and p.alive()
+    finally:
+        p.close()
+
+
+class _SignalOnArming:
+    """`_Interrupt.armed` whose every assignment first lets the interrupt land (as SIGUSR1 may, on any
+    line): the handler raises when the flag is up and the cancel is set."""
+
+    def __set_name__(self, owner, name):
+        self.name = "_" + name
+
+    def __get__(self, obj, objtype=None):
+        return getattr(obj, self.name, False)
+
+    def __set__(self, obj, value):
+        if getattr(obj, "_in_handler", False):  # the handler's own `armed = False`
+            setattr(obj, self.name, value)
+            return
+        obj._in_handler = True
+        try:
+            obj.handler(None, None)  # the signal, just before the assignment
+            setattr(obj, self.name, value)
+            obj.handler(None, None)  # and just after it
+        finally:
+            obj._in_handler = False
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("chunks", [0, 1, 3])
+def test_an_interrupt_on_any_line_of_the_wrappers_bookkeeping_is_a_cancel(chunks):
+    """The interrupt must end the job as Cancelled (answered "done"), never escape as `_Interrupted`
+    (which would end the worker process)."""
+    from cosy.errors import Cancelled
+    from cosy.service import process
+
+    class Armed(process._Interrupt):
+        armed = _SignalOnArming()
+
+    cancel = threading.Event()
+    cancel.set()
+    it = Armed(cancel)
+    wrapped = it.synthesize(lambda: (np.zeros(4, np.float32) for _ in range(chunks)))
+    with pytest.raises(Cancelled):
+        list(wrapped())
+    assert not it.armed

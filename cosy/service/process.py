@@ -9,6 +9,7 @@ worker runs one job at a time here; above, `cosy.speech.worker.serve` holds many
 """
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import signal
@@ -48,6 +49,10 @@ class EngineSpec:
 
 
 INTERRUPT = getattr(signal, "SIGUSR1", None)  # the dispatcher's "stop computing now" (POSIX)
+DUMP = getattr(signal, "SIGUSR2", None)  # "write every thread's stack to stderr" (a worker that does not stop)
+
+
+_END = object()  # `_Interrupt._next`: the chunks ended
 
 
 class _Interrupted(BaseException):
@@ -74,21 +79,28 @@ class _Interrupt:
             chunks = synthesize(*args, **kwargs)
             try:
                 while True:
-                    self.armed = True
-                    try:
-                        if self.cancel.is_set():  # (a signal sent before we armed is not lost)
-                            raise _Interrupted()
-                        chunk = next(chunks)
-                    except StopIteration:
-                        return
+                    try:  # the signal may land on any line of `_next`, its clean-up included
+                        chunk = self._next(chunks)
                     except _Interrupted:
                         raise Cancelled("cancelled") from None
-                    finally:
-                        self.armed = False
+                    if chunk is _END:
+                        return
                     yield chunk
             finally:
                 chunks.close()
         return wrapped
+
+    def _next(self, chunks):
+        """The next chunk (or _END), computed armed; disarmed again on every way out."""
+        self.armed = True
+        try:
+            if self.cancel.is_set():  # (a signal sent before we armed is not lost)
+                raise _Interrupted()
+            return next(chunks)
+        except StopIteration:
+            return _END
+        finally:
+            self.armed = False
 
 
 class _CancellableLM:
@@ -188,9 +200,12 @@ def worker_main(spec: EngineSpec, conn, cancel=None, health=None, prepare=None) 
 
     `cancel`: an event the dispatcher sets when the running job's caller went away (max_batch 1); `health`:
     the shared dead-until table of the LM backends (the parent's /ready reads and writes it too). The
-    worker ignores SIGINT (Ctrl-C is the parent's to handle) and ends quietly when its pipe closes."""
+    worker ignores SIGINT (Ctrl-C is the parent's to handle), writes its threads' stacks to stderr on
+    SIGUSR2, and ends quietly when its pipe closes."""
     os.environ.update(spec.env)  # before anything starts CUDA in this process
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if DUMP is not None:  # answered in C, whatever the main thread is stuck in
+        faulthandler.register(DUMP, all_threads=True)
     if INTERRUPT is not None:  # until the engine is built: a stray interrupt must not kill the worker
         signal.signal(INTERRUPT, signal.SIG_IGN)
     try:

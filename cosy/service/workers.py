@@ -9,7 +9,9 @@ goes away cancels its job wherever it is: a waiting job leaves the queue at once
 `waiting`), a running one stops at its next LM token (a remote LM request is aborted); at max_batch 1
 also inside flow/HiFT, within one tensor operation: the worker learns it through a shared event (seen
 between tokens and chunks) and a signal (SIGUSR1) that interrupts the engine's computation. At max_batch
-> 1 the speech scheduler (`cosy.speech`) frees the slot at once and skips the request's queued work.
+> 1 the speech scheduler (`cosy.speech`) frees the slot at once and skips the request's queued work. A
+worker that has not ended its cancelled jobs after `cancel_grace` s (all it holds are cancelled: nobody
+waits for it) is stuck: its stacks go to its stderr, and it is killed and restarted.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import logging
 import multiprocessing as mp
 import os
 import queue
+import signal
 import threading
 import time
 from collections import deque
@@ -31,11 +34,14 @@ from cosy.errors import Busy, Cancelled, JobError, Unavailable
 from cosy.pipeline.request import SynthesisRequest
 from cosy.prompt.encoder import PromptFeatures
 from cosy.service.placement import device_of_worker
-from cosy.service.process import INTERRUPT, EngineSpec, worker_main
+from cosy.service.process import DUMP, INTERRUPT, EngineSpec, worker_main
 
 log = logging.getLogger(__name__)
 
 
+# seconds a worker gets to end its cancelled jobs (a remote LM may wait out --llm_queue_timeout, 60 s,
+# before it sees the cancel) before it counts as stuck and is killed and restarted
+CANCEL_GRACE = 90.0
 SHUTTING_DOWN = ("ShuttingDown", "the server is shutting down; retry", 503, None)  # a job's error tuple
 
 
@@ -88,6 +94,7 @@ class WorkerPool:
         # and this process's /ready, so that both agree on which backends are usable
         self.backend_health = self._ctx.Array("d", len(urls)) if urls else None
         self.worker_prepare = None  # picklable callable(engine) run in each worker after it is built
+        self.cancel_grace = CANCEL_GRACE
 
     def start(self) -> "WorkerPool":
         """Start every worker and wait until each has loaded its models; RuntimeError if one fails."""
@@ -133,7 +140,7 @@ class WorkerPool:
         """One thread per worker: keep it fed with up to max_batch of the oldest waiting jobs, relay their
         messages back by job id, forward cancels."""
         live: dict[int, tuple[Job, float]] = {}
-        cancel_sent: set[int] = set()
+        cancel_sent: dict[int, float] = {}  # job id -> when its cancel went to the worker
         while True:
             new = []
             with self._ready:
@@ -162,7 +169,11 @@ class WorkerPool:
                             cancel.set()  # seen by the worker inside the LM, between tokens
                             self._interrupt(conn, job)
                         conn.send(("cancel", job_id))
-                        cancel_sent.add(job_id)
+                        cancel_sent[job_id] = time.monotonic()
+                if cancel_sent and len(cancel_sent) == len(live) and \
+                        time.monotonic() - min(cancel_sent.values()) > self.cancel_grace:
+                    self._kill_stuck(index, conn, sorted(cancel_sent))
+                    raise EOFError("killed")  # as if it had crashed: restarted below
                 if not conn.poll(0.02):
                     continue
                 kind, job_id, data = conn.recv()
@@ -173,8 +184,11 @@ class WorkerPool:
                     job.out.put((kind, data))
                 if kind in ("done", "error"):
                     self._finished(live.pop(job_id)[1], job_id)
-                    cancel_sent.discard(job_id)
-            except (EOFError, OSError):
+                    cancel_sent.pop(job_id, None)
+            except Exception as e:  # the worker died, or its pipe can no longer be trusted
+                if not isinstance(e, (EOFError, OSError)):
+                    log.exception("worker %d: its messages could not be read; restarting it", index)
+                    self._kill(conn)
                 for job_id, (job, started) in live.items():
                     job.out.put(("error", ("WorkerCrashed", "the synthesis worker stopped unexpectedly; retry",
                                            503, None)))
@@ -189,6 +203,33 @@ class WorkerPool:
                 except RuntimeError:
                     log.exception("worker %d could not be restarted", index)
                     return
+
+    def _kill_stuck(self, index: int, conn, jobs: list[int]) -> None:
+        """A worker whose every job is cancelled has not ended them in `cancel_grace` s: it is stuck
+        (nobody waits for its output). Its stacks go to its stderr (SIGUSR2), then it is killed; the
+        dispatcher restarts it as after a crash."""
+        log.error("worker %d has not stopped its cancelled jobs %s in %.0f s: it is stuck; its stacks follow "
+                  "on stderr, then it is restarted", index, jobs, self.cancel_grace)
+        if DUMP is not None and conn in self._pids:
+            try:
+                os.kill(self._pids[conn], DUMP)
+                time.sleep(1.0)  # the dump is written by the worker's own signal handler
+            except OSError:
+                pass
+        self._kill(conn)
+
+    def _kill(self, conn) -> None:
+        """SIGKILL the worker at the end of `conn`, and reap it."""
+        pid = self._pids.get(conn)
+        if pid is None:
+            return
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+        for proc in self._procs:
+            if proc.pid == pid:
+                proc.join(timeout=10)
 
     def _interrupt(self, conn, job: Job) -> None:
         """Stop a max_batch-1 worker's flow/HiFT computation now (see _Interrupt)."""
