@@ -3,7 +3,9 @@ a real WorkerPool on the tiny model and a real DataDir, with Gradio mounted at "
 `build_app` does). Import `stack` into a test module to get a module-scoped instance."""
 from __future__ import annotations
 
+import faulthandler
 import io
+import os
 import socket
 import threading
 import time
@@ -19,6 +21,7 @@ from conftest import ASSETS
 
 from cosy.deploy.data_dir import DataDir
 from cosy.frontend.service import FrontendService
+from cosy.service.process import DUMP
 from cosy.service.workers import EngineSpec, WorkerPool
 
 ZS_WAV = ASSETS / "zero_shot_prompt.wav"
@@ -79,6 +82,22 @@ def stack(tiny_model_dir, tmp_path_factory):
         server.should_exit = True
         thread.join(10)
     pool.close()
+
+
+def wait_idle(pool: WorkerPool, within: float) -> float:
+    """Seconds until no worker holds a job; past `within`, every thread of this process and of the workers
+    writes its stack to stderr (the failing test's output: where it hangs), and the test fails."""
+    start = time.monotonic()
+    while pool.stats()["busy"]:
+        if time.monotonic() - start > within:
+            faulthandler.dump_traceback(all_threads=True)
+            for proc in pool._procs:
+                if proc.is_alive():
+                    os.kill(proc.pid, DUMP)
+            time.sleep(1.0)
+            raise AssertionError(f"a worker still holds a job after {within} s (stacks on stderr)")
+        time.sleep(0.02)
+    return time.monotonic() - start
 
 
 def _error(r: httpx.Response, status: int, type_: str, *words: str) -> dict:

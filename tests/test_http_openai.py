@@ -13,7 +13,7 @@ import openai
 import pytest
 import soundfile as sf
 import torch
-from http_stack import LONG, MEDIUM, RATE, SHORT, _decode, _error
+from http_stack import LONG, MEDIUM, RATE, SHORT, _decode, _error, wait_idle
 
 from cosy.audio.resample import resample
 from cosy.frontend.audio_out import StreamResampler
@@ -59,10 +59,7 @@ def test_a_client_that_goes_away_cancels_its_job(stack, monkeypatch):
     with httpx.stream("POST", f"{stack.url}/v1/audio/speech", json=body, timeout=60) as r:
         assert r.status_code == 200
         next(r.iter_bytes())
-    deadline = time.monotonic() + 60
-    while stack.pool.stats()["busy"]:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    wait_idle(stack.pool, 60)
     # what was relayed but never read: at most the chunk in progress (once the job is cancelled the
     # dispatcher relays nothing more, not even its "done"), and the job was cancelled, not failed
     left = []
