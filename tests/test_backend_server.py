@@ -14,6 +14,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
@@ -26,6 +27,7 @@ from safetensors import safe_open
 from conftest import PEAKED_BIAS, copy_lm_files, launched_backend
 from servers import BACKEND, READY, Backend, free_port
 
+from cosy.deploy import backend as backend_launcher
 from cosy.lm import SamplingParams, SpeechLM, ras_distribution
 from cosy.lm import export as export_mod
 from cosy.lm.export import export_for_vllm, llm_fingerprint, served_model_name
@@ -263,8 +265,13 @@ def test_a_graceful_stop_exits_0_and_frees_the_port(peaked_backend):
     tree = [psutil.Process(peaked_backend.proc.pid), *psutil.Process(peaked_backend.proc.pid).children(recursive=True)]
     names = [" ".join(p.cmdline()) for p in tree]  # vLLM's processes name themselves there (setproctitle)
     assert [n for n in names if "VLLM::EngineCore" in n] and not [n for n in names if "Worker" in n], names
+    # vLLM's temp files (its rendezvous file, its IPC sockets) lie in the backend's own temp dir, not the temp
+    # dir that every process shares, and go with it: they outlived even a clean stop there
+    own = Path(tempfile.gettempdir()) / f"{backend_launcher.TEMP_PREFIX}{peaked_backend.proc.pid}"
+    assert list(own.glob("vllm_dist_*")), sorted(p.name for p in own.iterdir())
     assert peaked_backend.stop() == 0
     assert not [p for p in psutil.wait_procs(tree, timeout=30)[1]], "processes of the backend outlived its stop"
+    assert not own.exists() and not list(Path(tempfile.gettempdir()).glob("vllm_dist_*"))
     with pytest.raises(httpx.TransportError):
         httpx.get(peaked_backend.url.removesuffix("/v1") + "/health", timeout=2)
     with socket.socket() as s:  # nothing of it (vLLM's API server, its engine) holds it; a restart binds it

@@ -6,7 +6,8 @@ Exports llm.pt (cached, `cosy.lm.export`), starts `python -m cosy.vllm_plugin.se
 child in its own process group, forwards SIGINT/SIGTERM to it, waits for /health, sends one warm-up
 completion, then prints exactly one line `cosy backend ready: http://HOST:PORT/v1` to stdout. vLLM's log
 goes to stderr. Exits with the child's status; if the child dies before it is ready, its last log lines are
-printed with the reason and the exit status is non-zero.
+printed with the reason and the exit status is non-zero. vLLM's temp files go into the backend's own
+`$TMPDIR/cosy-backend-<pid>`, removed when it ends (a killed backend's, by the next one to start here).
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from pathlib import Path
 import torch
 
 from cosy.deploy.cpus import MAX_NICE, format_cpus, lower_priority, parse_cpus, pin
+from cosy.deploy.temp_root import TempRoot
 from cosy.deploy.gpu_memory import HEADROOM, gpu_total_bytes, kv_cache_bytes, memory_share, weight_bytes
 from cosy.lm.export import WEIGHTS, export_for_vllm, llm_fingerprint, served_model_name
 from cosy.model.files import ModelDir, ModelDirError
@@ -38,6 +40,7 @@ from cosy.vllm_plugin import KEEPALIVE, LOGITS_PROCESSOR
 API_KEY_ENV = "COSY_LLM_API_KEY"
 PLUGIN = "cosy.vllm_plugin:register"
 LOG_TAIL = 40  # child log lines kept for the error message
+TEMP_PREFIX = "cosy-backend-"  # this backend's temp dir, vLLM's TMPDIR (`temp_env`)
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -283,6 +286,30 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {e}", file=sys.stderr)
             return 2
     cmd, env = vllm_command(args, export_dir, name, gpu, extra, gpu_total_bytes() if gpu else None)
+    temp = TempRoot(TEMP_PREFIX)
+    for gone in temp.remove_orphans():
+        print(f"cosy backend: removed {gone}, the temp dir of a backend that is gone", file=sys.stderr)
+    env.update(temp_env(temp.claim(), gpu))
+    try:
+        return _serve(args, cmd, env, export_dir, name, gpu)
+    finally:
+        temp.remove()
+
+
+def temp_env(root: Path, gpu: bool) -> dict[str, str]:
+    """vLLM's temp files go into `root` (this backend's own, removed when it ends): in the temp dir, its
+    rendezvous file (vllm_dist_*) and IPC sockets outlive even a clean stop. Inductor's compile cache stays
+    where it was, since it is worth keeping across restarts (vLLM compiles on the GPU only)."""
+    env = {"TMPDIR": str(root)}
+    if gpu and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+        env["TORCHINDUCTOR_CACHE_DIR"] = default_cache_dir()  # under this process's temp dir
+    return env
+
+
+def _serve(args: argparse.Namespace, cmd: list[str], env: dict[str, str], export_dir: Path, name: str,
+           gpu: bool) -> int:
+    """Run vLLM until it ends; its exit status."""
     print(f"cosy backend: serving {export_dir} as {name} on {'GPU' if gpu else 'CPU'}", file=sys.stderr)
     child = Child(cmd, env, args.nice)
     stopping = []

@@ -5,26 +5,25 @@
 * the per-process temp dir `TEMP_ROOT` (`$TMPDIR/cosy-frontend-<pid>`): `results/` (the gradio result wavs)
   and `gradio/` (gradio's own upload and cache dir, `GRADIO_TEMP_DIR`, unless set by the user); pruned by
   `--results_max_age`, `--results_max_mb`, and removed as a whole when the process exits. The process holds
-  a lock on `TEMP_ROOT/.lock` for its life (`claim_temp_root`), so the next frontend to start on this machine
-  removes what a killed one left (`remove_orphaned_temp_roots`).
+  a lock on it for its life (`claim_temp_root`, `cosy.deploy.temp_root`), so the next frontend to start on
+  this machine removes what a killed one left (`remove_orphaned_temp_roots`).
 
 Pruning removes files older than `max_age`, then the oldest until the total is at most `max_bytes`; it runs
 after every write into a store and every `interval` seconds in a background thread (`Pruner`).
 """
 from __future__ import annotations
 
-import fcntl
 import os
-import shutil
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from cosy.deploy.temp_root import TempRoot
+
 TEMP_PREFIX = "cosy-frontend-"
-TEMP_ROOT = Path(tempfile.gettempdir()) / f"{TEMP_PREFIX}{os.getpid()}"
-LOCK = ".lock"
+_ROOT = TempRoot(TEMP_PREFIX)
+TEMP_ROOT = _ROOT.path
 RESULTS = TEMP_ROOT / "results"
 GRADIO_TEMP = TEMP_ROOT / "gradio"
 
@@ -112,63 +111,14 @@ class Pruner:
 
 
 def remove_temp_root() -> None:
-    shutil.rmtree(TEMP_ROOT, ignore_errors=True)
-
-
-_claim: int | None = None  # the fd of our lock, held for the life of the process (closed by the kernel at exit)
+    _ROOT.remove()
 
 
 def claim_temp_root() -> Path:
-    """Create TEMP_ROOT and lock it (flock, exclusive) until this process ends, however it ends."""
-    global _claim
-    if _claim is None:
-        TEMP_ROOT.mkdir(parents=True, exist_ok=True)
-        fd = os.open(TEMP_ROOT / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        _claim = fd
-    return TEMP_ROOT
+    """Create TEMP_ROOT and lock it until this process ends, however it ends."""
+    return _ROOT.claim()
 
 
 def remove_orphaned_temp_roots(temp: Path | None = None) -> list[Path]:
-    """Remove the temp roots of frontends that are gone (SIGKILLed, out of memory): those whose lock nobody
-    holds. A lock works across PID namespaces (containers sharing a /tmp), a PID does not; a root without a
-    lock (none taken yet, or an older version's) goes only when no process of that PID exists here."""
-    removed = []
-    for root in Path(temp or tempfile.gettempdir()).glob(f"{TEMP_PREFIX}*"):
-        if root == TEMP_ROOT or not root.is_dir():
-            continue
-        if _orphaned(root):
-            shutil.rmtree(root, ignore_errors=True)
-            removed.append(root)
-    return removed
-
-
-def _orphaned(root: Path) -> bool:
-    try:
-        fd = os.open(root / LOCK, os.O_RDWR)
-    except FileNotFoundError:
-        return not _pid_alive(root)
-    except OSError:
-        return False  # not ours to judge (permissions)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    finally:
-        os.close(fd)
-    # nobody holds it: its owner is gone (a lock dies with its process), unless it is starting right now,
-    # between creating the lock file and taking it
-    return not _pid_alive(root)
-
-
-def _pid_alive(root: Path) -> bool:
-    pid = root.name.removeprefix(TEMP_PREFIX)
-    if not pid.isdigit():
-        return True  # not a name we make: leave it
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # alive, another user's
-    return True
+    """Remove the temp roots of frontends that are gone (`TempRoot.remove_orphans`)."""
+    return (_ROOT if temp is None else TempRoot(TEMP_PREFIX, temp)).remove_orphans()
