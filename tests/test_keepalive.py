@@ -16,7 +16,7 @@ from starlette.applications import Starlette
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
-from cosy.vllm_plugin.keepalive import COMMENT, QueueKeepalive
+from cosy.vllm_plugin.keepalive import COMMENT, INTERVAL, QueueKeepalive
 
 
 WAIT = 5.0  # seconds before the first token
@@ -131,3 +131,31 @@ def test_the_token_clock_counts_tokens_not_keepalives(server):
     with pytest.raises(BackendUnavailable, match="no token in 5 s, only its queue keep-alives"):
         list(never.complete(embeds, 2, stop=[]))
     assert WAIT <= time.monotonic() - start < WAIT + 3
+
+
+def test_a_cancel_closes_a_stream_that_waits_in_the_queue(server):
+    """A one-job worker's cancel (`WATCHDOG.abort_when`, set by cosy.service.process) reaches a request that
+    reads only keep-alives: it ends with Cancelled within the watchdog's tick, not at --llm_queue_timeout, and
+    the next request of the process is not touched once the cancel is cleared."""
+    import torch
+
+    from cosy.errors import Cancelled
+    from cosy.lm.remote import RemoteLM
+    from cosy.lm.watchdog import TICK, WATCHDOG
+    embeds = torch.zeros(1, 3, 8)
+    url = server.removesuffix("/v1") + "/lm/v1"
+    cancel = threading.Event()
+    WATCHDOG.abort_when(cancel)
+    try:
+        never = RemoteLM(url, None, "never", stall_timeout=READ_TIMEOUT, queue_timeout=60)
+        threading.Timer(1.0, cancel.set).start()
+        start = time.monotonic()
+        with pytest.raises(Cancelled):
+            list(never.complete(embeds, 2, stop=[]))
+        # closed by the watchdog at its next tick, the read ends at the next bytes: a keep-alive, every INTERVAL
+        assert 1.0 <= time.monotonic() - start < 1.0 + TICK + INTERVAL + 0.5
+        cancel.clear()  # the next job
+        queued = RemoteLM(url, None, "queued", stall_timeout=READ_TIMEOUT, queue_timeout=3 * WAIT)
+        assert list(queued.complete(embeds, 2, stop=[])) == [5, 6]
+    finally:
+        WATCHDOG.abort_when(None)

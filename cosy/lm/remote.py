@@ -22,7 +22,7 @@ import openai
 import torch
 from torch import Tensor
 
-from cosy.errors import Unavailable
+from cosy.errors import Cancelled, Unavailable
 from cosy.lm.sampling import SamplingParams
 from cosy.lm.watchdog import WATCHDOG
 from cosy.model.families.cosyvoice2 import FAMILY as COSYVOICE2
@@ -212,6 +212,8 @@ class RemoteLM:
                             f"ended with finish_reason {finish!r}); the request was not completed")
         except Exception as e:
             error = BackendUnavailable if produced == 0 else BackendError
+            if watch.cancelled:  # closed by the watchdog for the job's cancel (`Watchdog.abort_when`)
+                raise Cancelled("the request was cancelled") from None
             if watch.expired:  # closed by the watchdog: whatever the read raised, it was the token clock
                 raise error(self._stalled(produced, queued=produced == 0)) from None
             if isinstance(e, (openai.APITimeoutError, httpx.TimeoutException)):

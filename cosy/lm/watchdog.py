@@ -5,7 +5,10 @@ comments while a request waits in vLLM's queue (`cosy.vllm_plugin.keepalive`), o
 So each stream gets a deadline, moved by tokens only: before the first token `queue_timeout` (queued for a
 while is not stalled; comments prove the server alive, not the engine), between tokens `stall_timeout`. While
 the caller holds a token (flow and HiFT run between reads) the clock stops. One thread watches every stream of
-the process and closes a late one's response, which ends its read with an error; `expired` tells why.
+the process and closes a late one's response, which ends its read with an error; `expired` tells why. A
+one-job worker also has it close its streams when the job is cancelled (`abort_when`; `cancelled` tells):
+a request that waits in the backend's queue reads no token that would show the cancel. A closed stream's
+read ends at its next bytes (a queued request gets a keep-alive every second).
 
     watch = WATCHDOG.watch(stream.response.close, time.monotonic() + queue_timeout)
     for token in ...:
@@ -26,7 +29,8 @@ class Watch:
     """One stream's deadline (time.monotonic()); `expired` once the watchdog closed it."""
 
     def __init__(self, dog: "Watchdog", close: Callable[[], None], deadline: float):
-        self.dog, self.close, self.deadline, self.expired = dog, close, deadline, False
+        self.dog, self.close, self.deadline = dog, close, deadline
+        self.expired = self.cancelled = False
 
     def pause(self) -> None:
         self.deadline = math.inf
@@ -43,6 +47,12 @@ class Watchdog:
         self._watches: set[Watch] = set()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._abort = None  # an Event: while it is set, every stream is closed (`abort_when`)
+
+    def abort_when(self, event) -> None:
+        """Close every watched stream while `event` (threading or multiprocessing) is set: the process's one
+        job was cancelled."""
+        self._abort = event
 
     def watch(self, close: Callable[[], None], deadline: float) -> Watch:
         w = Watch(self, close, deadline)
@@ -60,15 +70,15 @@ class Watchdog:
     def _run(self) -> None:
         while True:
             time.sleep(TICK)
-            now = time.monotonic()
+            now, abort = time.monotonic(), self._abort is not None and self._abort.is_set()
             with self._lock:
-                late = [w for w in self._watches if w.deadline < now]
+                late = [w for w in self._watches if abort or w.deadline < now]
                 self._watches.difference_update(late)
                 if not self._watches and not late:
                     self._thread = None
                     return
             for w in late:
-                w.expired = True
+                w.cancelled, w.expired = abort, not abort
                 try:
                     w.close()
                 except Exception:  # closing a stream that already ended

@@ -219,6 +219,7 @@ def _serve(spec: EngineSpec, conn, cancel, health, prepare) -> None:
 
     from cosy.lm.model import SpeechLM
     from cosy.lm.pool import BackendPool
+    from cosy.lm.watchdog import WATCHDOG
     from cosy.pipeline.engine import Engine
 
     torch.set_num_threads(spec.threads or usable_cores())
@@ -258,6 +259,7 @@ def _serve(spec: EngineSpec, conn, cancel, health, prepare) -> None:
         if INTERRUPT is not None:
             signal.signal(INTERRUPT, interrupt.handler)
         engine.lm = _CancellableLM(engine.lm, cancel, interrupt)
+        WATCHDOG.abort_when(cancel)  # a remote LM request waiting in the backend's queue is closed too
         engine.synthesize = interrupt.synthesize(engine.synthesize)
         engine.synthesize_duplex = interrupt.synthesize(engine.synthesize_duplex)
     conn.send(("ready", engine.sample_rate))
