@@ -20,7 +20,6 @@ import logging
 import multiprocessing as mp
 import os
 import queue
-import signal
 import threading
 import time
 from collections import deque
@@ -84,7 +83,7 @@ class WorkerPool:
         self._threads: list[threading.Thread] = []
         self._procs: list[mp.Process] = []
         self._conns: list = []
-        self._pids: dict = {}  # worker pipe -> its process id (to interrupt its computation)
+        self._proc_of: dict = {}  # worker pipe -> its process (to interrupt, dump or kill it)
         self._closing = False
         self._draining = False
         self._live: dict[int, Job] = {}  # jobs a worker holds now (guarded by _lock): what drain() ends
@@ -133,7 +132,7 @@ class WorkerPool:
         self.sample_rate = info
         self._procs.append(proc)
         self._conns.append(parent)
-        self._pids[parent] = proc.pid
+        self._proc_of[parent] = proc
         return parent, cancel
 
     def _dispatch(self, index: int, conn, cancel, ctx) -> None:
@@ -210,9 +209,9 @@ class WorkerPool:
         dispatcher restarts it as after a crash."""
         log.error("worker %d has not stopped its cancelled jobs %s in %.0f s: it is stuck; its stacks follow "
                   "on stderr, then it is restarted", index, jobs, self.cancel_grace)
-        if DUMP is not None and conn in self._pids:
+        if DUMP is not None and conn in self._proc_of:
             try:
-                os.kill(self._pids[conn], DUMP)
+                os.kill(self._proc_of[conn].pid, DUMP)
                 time.sleep(1.0)  # the dump is written by the worker's own signal handler
             except OSError:
                 pass
@@ -220,22 +219,16 @@ class WorkerPool:
 
     def _kill(self, conn) -> None:
         """SIGKILL the worker at the end of `conn`, and reap it."""
-        pid = self._pids.get(conn)
-        if pid is None:
-            return
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-        for proc in self._procs:
-            if proc.pid == pid:
-                proc.join(timeout=10)
+        proc = self._proc_of.get(conn)
+        if proc is not None:
+            proc.kill()
+            proc.join(timeout=10)
 
     def _interrupt(self, conn, job: Job) -> None:
         """Stop a max_batch-1 worker's flow/HiFT computation now (see _Interrupt)."""
-        if INTERRUPT is not None and job.kind in ("synthesize", "duplex") and conn in self._pids:
+        if INTERRUPT is not None and job.kind in ("synthesize", "duplex") and conn in self._proc_of:
             try:
-                os.kill(self._pids[conn], INTERRUPT)
+                os.kill(self._proc_of[conn].pid, INTERRUPT)
             except OSError:
                 pass
 
@@ -388,4 +381,4 @@ class WorkerPool:
             t.join(timeout=1)
         for conn in self._conns:
             conn.close()
-        self._procs, self._conns, self._pids = [], [], {}
+        self._procs, self._conns, self._proc_of = [], [], {}
