@@ -1,7 +1,7 @@
 """Nothing left behind and no work outliving its requester: refused uploads deleted, bounded stores, a
 clean SIGTERM; clients that leave (queued, in the LM, mid-stream; streaming or not) free their worker and
-queue place within 2 s; a frozen backend (SIGSTOP) fails a request, or loses it to another backend, within
-the stall timeout, and /ready agrees with the backend pool."""
+queue place within LEFT_WITHIN s; a frozen backend (SIGSTOP) fails a request, or loses it to another
+backend, within the stall timeout, and /ready agrees with the backend pool."""
 from __future__ import annotations
 
 import io
@@ -23,6 +23,10 @@ from servers import App, free_port, metric
 from cosy.frontend import store
 
 ZS_TEXT = "希望你以后能够做的比我还好呦。"
+# How soon a worker or queue place is free again after its client left. The cancel itself takes well under a
+# second on an idle machine (the printed times); this bound leaves room for a run that keeps both cores busy
+# (CI once saw 2.005 s), and still fails a job that runs on: LONG takes minutes on the random LM
+LEFT_WITHIN = 6.0
 LONG = "今天天气很好，我们一起去公园散步，看看花草树木，听听鸟儿唱歌。" * 12
 STALL = 2.0
 
@@ -189,7 +193,7 @@ def _abort(request: Open) -> None:
     request.close()
 
 
-def test_clients_that_leave_free_workers_and_queue_places_within_2s(frontend):
+def test_clients_that_leave_free_workers_and_queue_places_promptly(frontend):
     url, ref = frontend
     assert wait_state(url, 0, 0, 30) >= 0
     # mid-stream (PAI SSE): the worker is busy, the client reads some audio and leaves
@@ -201,31 +205,31 @@ def test_clients_that_leave_free_workers_and_queue_places_within_2s(frontend):
     c = Open(url, "/v1/audio/speech", {"model": "m", "input": LONG, "voice": ref, "response_format": "pcm"})
     wait_state(url, 1, 2, 10)
     _abort(b)
-    print(f"\nqueued non-streaming left: waiting back in {wait_state(url, 1, 1, 2):.2f} s")
+    print(f"\nqueued non-streaming left: waiting back in {wait_state(url, 1, 1, LEFT_WITHIN):.2f} s")
     _abort(c)
-    print(f"queued OpenAI stream left: waiting back in {wait_state(url, 1, 0, 2):.2f} s")
+    print(f"queued OpenAI stream left: waiting back in {wait_state(url, 1, 0, LEFT_WITHIN):.2f} s")
     _abort(a)
     wait_state(url, 0, 0, 120)  # (the mid-stream case is the test below)
 
 
-def test_clients_that_leave_while_running_free_the_worker_within_2s(frontend):
+def test_clients_that_leave_while_running_free_the_worker_promptly(frontend):
     url, ref = frontend
     wait_state(url, 0, 0, 120)
     a = Open(url, "/api/v1/audio/speech", pai(ref, True))
     assert a.first.wait(60)
     _abort(a)
-    print(f"mid-stream client left: busy back in {wait_state(url, 0, 0, 2):.2f} s")
+    print(f"mid-stream client left: busy back in {wait_state(url, 0, 0, LEFT_WITHIN):.2f} s")
     # in the LM, non-streaming: nothing is sent until the end; the client leaves while the worker runs
     d = Open(url, "/api/v1/audio/speech", pai(ref, False))
     wait_state(url, 1, 0, 10)
     time.sleep(1.0)
     _abort(d)
-    print(f"non-streaming client left while running: busy back in {wait_state(url, 0, 0, 2):.2f} s")
+    print(f"non-streaming client left while running: busy back in {wait_state(url, 0, 0, LEFT_WITHIN):.2f} s")
     # OpenAI audio stream left mid-stream
     e = Open(url, "/v1/audio/speech", {"model": "m", "input": LONG, "voice": ref, "response_format": "pcm"})
     assert e.first.wait(60)
     _abort(e)
-    print(f"OpenAI mid-stream client left: busy back in {wait_state(url, 0, 0, 2):.2f} s")
+    print(f"OpenAI mid-stream client left: busy back in {wait_state(url, 0, 0, LEFT_WITHIN):.2f} s")
     # and the server still serves
     r = httpx.post(f"{url}/api/v1/audio/speech", json=pai(ref, False, "你好。"), timeout=120)
     assert r.status_code == 200 and r.json()["output"]["audio"]["data"]
@@ -320,7 +324,7 @@ def _gradio_upload(url: str, path: Path) -> dict:
     return {"path": r.json()[0], "orig_name": path.name, "meta": {"_type": "gradio.FileData"}}
 
 
-def test_gradio_api_clients_that_leave_free_the_worker_within_2s(frontend):
+def test_gradio_api_clients_that_leave_free_the_worker_promptly(frontend):
     """A non-generator gradio endpoint keeps running after its client leaves unless it watches its event:
     raw `/gradio_api/call/<name>` calls whose event stream is closed early, while the LM runs."""
     url, ref = frontend
@@ -336,7 +340,7 @@ def test_gradio_api_clients_that_leave_free_the_worker_within_2s(frontend):
             except AssertionError as e:  # say what the call answered instead of running
                 raise AssertionError(f"{e}; the call's events: {r.read().decode()[-1000:]!r}") from None
             time.sleep(0.5)
-        print(f"\ngradio {name} client left: busy back in {wait_state(url, 0, 0, 2):.2f} s")
+        print(f"\ngradio {name} client left: busy back in {wait_state(url, 0, 0, LEFT_WITHIN):.2f} s")
     # and the gradio API still answers
     event = _gradio_call(url, "saved_voice", ["你好。", ref, 0, 1.0])
     body = httpx.get(f"{url}/gradio_api/call/saved_voice/{event}", timeout=120).text
