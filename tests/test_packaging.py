@@ -66,7 +66,8 @@ def _env() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def resolutions(fresh_pip, tmp_path_factory) -> dict:
-    """Every case's `pip install --dry-run` started at once (they wait on the network, not the CPU):
+    """Every case's `pip install --dry-run` started at once, so that their waits on the network overlap (their
+    CPU is pip's own work: 64 CPU s for the five one after the other here, no less with a warm HTTP cache):
     case -> (process, its folder, start time); its output goes to files there (no pipe fills up)."""
     started = {}
     for case, (files, _, _) in CASES.items():
