@@ -25,7 +25,8 @@ from cosy.frontend import store
 ZS_TEXT = "希望你以后能够做的比我还好呦。"
 # How soon a worker or queue place is free again after its client left. The cancel itself takes well under a
 # second on an idle machine (the printed times); this bound leaves room for a run that keeps both cores busy
-# (CI once saw 2.005 s), and still fails a job that runs on: LONG takes minutes on the random LM
+# (CI once saw 2.005 s), and still fails a job that runs on: LONG is 6 segments of 400 tokens each
+# (`frontend`'s --fixed_tokens), 2400 tokens and 96 s of audio, far more than LEFT_WITHIN s of work
 LEFT_WITHIN = 6.0
 LONG = "今天天气很好，我们一起去公园散步，看看花草树木，听听鸟儿唱歌。" * 12
 STALL = 2.0
