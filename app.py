@@ -6,7 +6,7 @@ Flags: `python app.py --help`; everything lives in `cosy.frontend.server`.
 """
 import sys
 
-from cosy.frontend.server import main
+from cosy.frontend import main  # light: the server itself is imported when main() runs
 
 if __name__ == "__main__":
     main(sys.argv[1:])

@@ -142,6 +142,26 @@ def test_the_container_healthcheck_imports_the_standard_library_only():
     assert out.stdout.split("\n")[:2] == ["1 []", "cosy.pipeline.token2wav True"], out.stdout
 
 
+def test_a_worker_running_the_frontends_script_again_imports_no_server():
+    """Each synthesis worker is a spawned process, and spawn first runs its parent's main script again, as
+    `__mp_main__` (multiprocessing's `_fixup_main_from_path`: runpy.run_path): app.py, or pip's
+    `cosy-frontend` script, whose top imports the target that pyproject.toml names. Through a top-level
+    import of the server, every worker loaded Gradio, FastAPI and the HTTP APIs that only the parent uses."""
+    import subprocess
+    import sys
+    import tomllib
+    target = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]["cosy-frontend"]
+    module, _, function = target.partition(":")
+    code = ("import importlib, runpy, sys\n"
+            "runpy.run_path('app.py', run_name='__mp_main__')\n"
+            f"assert callable(getattr(importlib.import_module({module!r}), {function!r}))\n"
+            "print(sorted(m for m in ('cosy.frontend.server', 'gradio', 'fastapi', 'uvicorn', 'torch')"
+            " if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", out.stdout
+
+
 @pytest.mark.parametrize("family", ["cosyvoice2", "cosyvoice3"])
 def test_building_an_engine_imports_no_dynamo_and_no_typeguard_instrumentation(family, request):
     """Every speech worker and CLI run builds an engine: its start once paid a second for torch._dynamo
