@@ -163,20 +163,32 @@ def test_a_worker_running_the_frontends_script_again_imports_no_server():
 
 
 @pytest.mark.parametrize("family", ["cosyvoice2", "cosyvoice3"])
-def test_building_an_engine_imports_no_dynamo_and_no_typeguard_instrumentation(family, request):
-    """Every speech worker and CLI run builds an engine: its start once paid a second for torch._dynamo
-    (imported by an nn.Embedding's random init on the meta device, thrown away at load) and 1.5 s for
-    typeguard instrumenting inflect's methods at import. Neither is needed; the numbers are still spelled."""
+def test_a_worker_building_its_engine_imports_no_dynamo_openai_or_typeguard_instrumentation(family, request):
+    """A speech worker's start (`worker_main`, as app.py's workers run it, its engine built as the CLI's is):
+    it once paid a second for torch._dynamo (imported by an nn.Embedding's random init on the meta device,
+    thrown away at load), 1.5 s for typeguard instrumenting inflect's methods at import, and, with the LM
+    embedded, the LM backends' client and openai. None is needed; the numbers are still spelled."""
     import subprocess
     import sys
     model = request.getfixturevalue("tiny_model_dir" if family == "cosyvoice2" else "tiny_cv3_model_dir")
-    code = ("import sys, typeguard; checked = typeguard.typechecked\n"
-            "from cosy.pipeline.engine import Engine\n"
-            f"e = Engine.from_model_dir({str(model)!r})\n"
-            "import inflect\n"
-            "print('torch._dynamo' in sys.modules, typeguard.typechecked is checked,\n"
-            "      'check_argument_types' in inflect.engine.number_to_words.__code__.co_names)\n"
+    code = ("import sys, threading, typeguard; checked = typeguard.typechecked\n"
+            "from multiprocessing import Pipe\n"
+            "from cosy.service.process import EngineSpec, worker_main\n"
+            "parent, child = Pipe()\n"
+            "said = []\n"
+            "def look():\n"
+            "    said.append(parent.recv()[0])  # 'ready' once the engine is built\n"
+            "    import inflect\n"
+            "    said.append(('torch._dynamo' in sys.modules, 'openai' in sys.modules, typeguard.typechecked is checked,\n"
+            "                 'check_argument_types' in inflect.engine.number_to_words.__code__.co_names))\n"
+            "    parent.send(None)  # the worker's loop ends\n"
+            "looking = threading.Thread(target=look)\n"
+            "looking.start()\n"
+            f"worker_main(EngineSpec({str(model)!r}), child)  # in the main thread: it sets signal handlers\n"
+            "looking.join()\n"
+            "print(*said)\n"
             "from cosy.text.normalize import NumberSpeller; print(NumberSpeller()('year 2024, 7 days'))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.splitlines() == ["False True False", "year two thousand and twenty-four, seven days"]
+    assert out.stdout.splitlines() == ["ready (False, False, True, False)",
+                                       "year two thousand and twenty-four, seven days"], (out.stdout, out.stderr[-2000:])

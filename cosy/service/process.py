@@ -218,7 +218,6 @@ def _serve(spec: EngineSpec, conn, cancel, health, prepare) -> None:
     import torch
 
     from cosy.lm.model import SpeechLM
-    from cosy.lm.pool import BackendPool
     from cosy.lm.watchdog import WATCHDOG
     from cosy.pipeline.engine import Engine
 
@@ -237,9 +236,11 @@ def _serve(spec: EngineSpec, conn, cancel, health, prepare) -> None:
     except Exception as e:  # reported to the parent, which refuses to start
         conn.send(("failed", f"{type(e).__name__}: {e}"))
         return
-    if isinstance(engine.lm, BackendPool):
-        engine.lm.configure(stall_timeout=spec.llm_stall_timeout, queue_timeout=spec.llm_queue_timeout,
-                           shared_health=health)
+    if spec.llm_base_url:  # the LM backends' client, imported (with openai) only then, as Engine does
+        from cosy.lm.pool import BackendPool
+        if isinstance(engine.lm, BackendPool):
+            engine.lm.configure(stall_timeout=spec.llm_stall_timeout, queue_timeout=spec.llm_queue_timeout,
+                               shared_health=health)
     if spec.lm_batch > 1 and spec.max_batch > 1 and isinstance(engine.lm, SpeechLM):
         from cosy.lm.decode_batch import BatchedLM
         engine.lm = BatchedLM(engine.lm, min(spec.lm_batch, spec.max_batch))
