@@ -188,7 +188,8 @@ def peaked_model_dir(tiny_model_dir, tmp_path_factory) -> Path:
 
 
 # Every backend fixture (tests/servers.py Backend) and its model dir: the name of a session fixture, or a path.
-# The session backends live to the end; the others (their modules' fixtures) stop when their module ends.
+# The session backends stop after the last test that may use them (pytest_runtest_teardown); the others
+# (their modules' fixtures) stop when their module ends.
 SHARED_BACKENDS = {"backend": "tiny_model_dir", "cv3_backend": "tiny_cv3_model_dir", "second_backend": "tiny_model_dir",
                    "golden_backend": GOLDEN / "model", "peaked_backend": "peaked_model_dir"}
 
@@ -229,9 +230,9 @@ def pytest_xdist_make_scheduler(config, log):
 def launched_backends(request, tmp_path_factory) -> dict:
     """Every backend in SHARED_BACKENDS that a collected test needs, launched at once when the first is asked
     for, and waited for together: vLLM's start-up (about a minute of imports on a slow CPU) then overlaps
-    instead of running once per backend, and no later test runs beside a start-up. Each fixture stops its own
-    (`launched_backend`); one never asked for is stopped at the end. One that failed to start fails the tests
-    that need it, with its log."""
+    instead of running once per backend, and no later test runs beside a start-up. All stop together after
+    the last test of the backends' modules (`pytest_runtest_teardown`), or at the session's end. One that
+    failed to start fails the tests that need it, with its log."""
     from servers import READY_TIMEOUT, Backend
     needed = {name for item in request.session.items for name in SHARED_BACKENDS
               if name in getattr(item, "fixturenames", ())}
