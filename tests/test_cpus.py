@@ -13,7 +13,7 @@ import pytest
 from servers import App
 
 from cosy.deploy.backend import Child, parse_args, vllm_command
-from cosy.deploy.cpus import format_cpus, parse_cpus, usable_cores, worker_threads
+from cosy.deploy.cpus import OPENMP_WAIT_VARS, format_cpus, parse_cpus, sleep_idle_threads, usable_cores, worker_threads
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,6 +38,17 @@ def test_worker_threads_take_omp_num_threads_else_a_share_of_the_cores(monkeypat
         assert worker_threads(1) == usable_cores()
 
 
+@pytest.mark.quick
+def test_idle_openmp_threads_sleep_unless_the_operator_chose_how_they_wait():
+    env = {"PATH": "/bin"}
+    sleep_idle_threads(env)
+    assert env == {"PATH": "/bin", "OMP_WAIT_POLICY": "PASSIVE"}
+    for name, value in (("OMP_WAIT_POLICY", "ACTIVE"), ("GOMP_SPINCOUNT", "10000"), ("KMP_BLOCKTIME", "5")):
+        env = {name: value}
+        sleep_idle_threads(env)
+        assert env == {name: value}
+
+
 def test_pin_restricts_the_process_and_names_missing_cpus():
     first = min(os.sched_getaffinity(0))
     code = ("import os, sys; from cosy.deploy.cpus import pin, usable_cores; pin(sys.argv[1]); "
@@ -49,11 +60,17 @@ def test_pin_restricts_the_process_and_names_missing_cpus():
 
 
 @pytest.mark.quick
-def test_backend_binds_vllm_openmp_to_its_cpus(tmp_path):
+def test_backend_binds_vllm_openmp_to_its_cpus(tmp_path, monkeypatch):
+    for name in OPENMP_WAIT_VARS:
+        monkeypatch.delenv(name, raising=False)
     (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 8}))
     args, extra = parse_args(["--model_dir", str(tmp_path), "--no_api_key", "--cpus", "1,0"])
     env = vllm_command(args, tmp_path, "m", False, extra)[1]
     assert env["OMP_NUM_THREADS"] == "2" and env["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
+    assert env["OMP_WAIT_POLICY"] == "PASSIVE"  # its idle threads leave the cores to a frontend beside it
+    monkeypatch.setenv("GOMP_SPINCOUNT", "10000")  # the operator's choice stays
+    env = vllm_command(args, tmp_path, "m", False, extra)[1]
+    assert env["GOMP_SPINCOUNT"] == "10000" and "OMP_WAIT_POLICY" not in env
     assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"  # the model in the engine's process, one process fewer
     args, extra = parse_args(["--model_dir", str(tmp_path), "--no_api_key"])
     assert vllm_command(args, tmp_path, "m", False, extra)[1].get("VLLM_CPU_OMP_THREADS_BIND") == \
@@ -94,6 +111,9 @@ def test_app_and_its_workers_run_on_the_given_cpus(tiny_model_dir, tmp_path):
         procs = [psutil.Process(app.proc.pid), *psutil.Process(app.proc.pid).children(recursive=True)]
         assert len(procs) >= 2  # the app and at least its worker
         assert {tuple(p.cpu_affinity()) for p in procs} == {(int(cpu),)}
+        # each worker's OpenMP loaded with idle threads asleep, off the cores the LM thread or a backend needs
+        workers = [p for p in procs if "spawn_main" in " ".join(p.cmdline())]
+        assert workers and all(p.environ().get("OMP_WAIT_POLICY") == "PASSIVE" for p in workers)
         assert any(f"running on CPUs {cpu} (1 cores)" in line for line in app.lines)
     finally:
         app.stop()

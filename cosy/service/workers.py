@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from cosy.deploy.cpus import worker_threads
+from cosy.deploy.cpus import sleep_idle_threads, worker_threads
 from cosy.errors import Busy, Cancelled, JobError, Unavailable
 from cosy.pipeline.request import SynthesisRequest
 from cosy.prompt.encoder import PromptFeatures
@@ -98,6 +98,7 @@ class WorkerPool:
     def start(self) -> "WorkerPool":
         """Start every worker and wait until each has loaded its models; RuntimeError if one fails."""
         ctx = self._ctx
+        sleep_idle_threads(os.environ)  # what a spawned worker's OpenMP reads as it loads torch
         conns = []
         for i in range(self.n_workers):
             conns.append(self._spawn(ctx, i))
