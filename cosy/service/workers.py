@@ -98,7 +98,8 @@ class WorkerPool:
     def start(self) -> "WorkerPool":
         """Start every worker and wait until each has loaded its models; RuntimeError if one fails."""
         ctx = self._ctx
-        sleep_idle_threads(os.environ)  # what a spawned worker's OpenMP reads as it loads torch
+        if self.lm_shares_the_cores():
+            sleep_idle_threads(os.environ)  # what a spawned worker's OpenMP reads as it loads torch
         conns = []
         for i in range(self.n_workers):
             conns.append(self._spawn(ctx, i))
@@ -107,6 +108,17 @@ class WorkerPool:
             self._threads.append(t)
             t.start()
         return self
+
+    def lm_shares_the_cores(self) -> bool:
+        """Whether an LM computes on the workers' cores: embedded (in each worker, beside the flow's thread
+        pool), or on backends of this machine (every --llm_base_url host on the loopback, or
+        `--llm_split_first_chunk on`, which says so where a host name cannot: compose on one machine). Then
+        the workers' idle OpenMP threads sleep instead of spinning on cores the LM needs; a frontend whose
+        backends run elsewhere keeps its cores to its flow and HiFT."""
+        from cosy.lm import first_chunk
+
+        urls = self.spec.llm_base_url or ""
+        return not urls.strip() or first_chunk.wanted("auto", urls) or self.spec.llm_split_first_chunk == "on"
 
     def worker_spec(self, index: int) -> EngineSpec:
         """Worker `index`'s spec: its device from the pool's list (round-robin), its share of the cores."""
