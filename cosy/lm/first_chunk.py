@@ -16,13 +16,12 @@ streamed request is reproducible, but draws other tokens than the same request d
 """
 from __future__ import annotations
 
-import ipaddress
-import socket
 from collections.abc import Callable, Iterator
 from urllib.parse import urlparse
 
 from torch import Tensor, cat
 
+from cosy.deploy.hosts import is_loopback
 from cosy.lm.sampling import SamplingParams
 
 SETTINGS = ("auto", "on", "off")
@@ -37,16 +36,7 @@ def wanted(setting: str, base_urls: str) -> bool:
     if setting != "auto":
         return setting == "on"
     urls = [u.strip() for u in base_urls.split(",") if u.strip()]
-    return bool(urls) and all(_is_loopback(urlparse(u).hostname or "") for u in urls)
-
-
-def _is_loopback(host: str) -> bool:
-    """Every address `host` resolves to is a loopback one (False if it does not resolve)."""
-    try:
-        addresses = {info[4][0] for info in socket.getaddrinfo(host, None)}
-        return bool(addresses) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses)
-    except (OSError, ValueError):
-        return False
+    return bool(urls) and all(is_loopback(urlparse(u).hostname or "") for u in urls)
 
 
 def rest_seed(seed: int) -> int:
