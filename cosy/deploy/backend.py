@@ -31,8 +31,8 @@ from pathlib import Path
 import torch
 
 from cosy.deploy.cpus import MAX_NICE, format_cpus, lower_priority, parse_cpus, pin, sleep_idle_threads
-from cosy.deploy.hosts import is_loopback
 from cosy.deploy.gpu_memory import HEADROOM, gpu_total_bytes, kv_cache_bytes, memory_share, weight_bytes
+from cosy.deploy.hosts import is_loopback
 from cosy.deploy.temp_root import TempRoot
 from cosy.lm.export import WEIGHTS, export_for_vllm, llm_fingerprint, served_model_name
 from cosy.model.files import ModelDir, ModelDirError

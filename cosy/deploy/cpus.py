@@ -85,8 +85,8 @@ def sleep_idle_threads(env: MutableMapping[str, str]) -> None:
     the other needs. On 2 shared cores (bench/split_timeline.py, full-size model, a saved voice, one stream)
     the first chunk took 13.2-14.2 s with both sides spinning, 11.1-11.5 s with one side's threads asleep and
     10.4-12.3 s with both. Called for processes that share their cores with an LM (the backend with --nice or
-    on the loopback, the workers of a frontend whose LM is on this machine). libgomp reads the variable once, when it loads:
-    set it in the environment of a process before it imports torch. An operator's own setting
+    on the loopback, the workers of a frontend whose LM is on this machine). libgomp reads the variable once,
+    when it loads: set it in the environment of a process before it imports torch. An operator's own setting
     (OMP_WAIT_POLICY, GOMP_SPINCOUNT or KMP_BLOCKTIME) is kept."""
     if not any(name in env for name in OPENMP_WAIT_VARS):
         env["OMP_WAIT_POLICY"] = "PASSIVE"
