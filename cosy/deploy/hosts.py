@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+from urllib.parse import urlparse
 
-__all__ = ["is_loopback"]
+__all__ = ["all_on_this_machine", "is_loopback"]
 
 
 def is_loopback(host: str) -> bool:
@@ -16,3 +17,9 @@ def is_loopback(host: str) -> bool:
         return bool(addresses) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses)
     except (OSError, ValueError):
         return False
+
+
+def all_on_this_machine(base_urls: str) -> bool:
+    """Every URL of the comma-separated list `base_urls` (at least one) names a loopback host."""
+    urls = [u.strip() for u in base_urls.split(",") if u.strip()]
+    return bool(urls) and all(is_loopback(urlparse(u).hostname or "") for u in urls)

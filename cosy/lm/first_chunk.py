@@ -17,11 +17,10 @@ streamed request is reproducible, but draws other tokens than the same request d
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from urllib.parse import urlparse
 
 from torch import Tensor, cat
 
-from cosy.deploy.hosts import is_loopback
+from cosy.deploy.hosts import all_on_this_machine
 from cosy.lm.sampling import SamplingParams
 
 SETTINGS = ("auto", "on", "off")
@@ -35,8 +34,7 @@ def wanted(setting: str, base_urls: str) -> bool:
         raise ValueError(f"--llm_split_first_chunk {setting!r}: must be one of {', '.join(SETTINGS)}")
     if setting != "auto":
         return setting == "on"
-    urls = [u.strip() for u in base_urls.split(",") if u.strip()]
-    return bool(urls) and all(is_loopback(urlparse(u).hostname or "") for u in urls)
+    return all_on_this_machine(base_urls)
 
 
 def rest_seed(seed: int) -> int:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from cosy.deploy.cpus import sleep_idle_threads, worker_threads
+from cosy.deploy.hosts import all_on_this_machine
 from cosy.errors import Busy, Cancelled, JobError, Unavailable
 from cosy.pipeline.request import SynthesisRequest
 from cosy.prompt.encoder import PromptFeatures
@@ -115,10 +116,8 @@ class WorkerPool:
         `--llm_split_first_chunk on`, which says so where a host name cannot: compose on one machine). Then
         the workers' idle OpenMP threads sleep instead of spinning on cores the LM needs; a frontend whose
         backends run elsewhere keeps its cores to its flow and HiFT."""
-        from cosy.lm import first_chunk
-
         urls = self.spec.llm_base_url or ""
-        return not urls.strip() or first_chunk.wanted("auto", urls) or self.spec.llm_split_first_chunk == "on"
+        return not urls.strip() or all_on_this_machine(urls) or self.spec.llm_split_first_chunk == "on"
 
     def worker_spec(self, index: int) -> EngineSpec:
         """Worker `index`'s spec: its device from the pool's list (round-robin), its share of the cores."""
