@@ -99,6 +99,27 @@ def cap_lm(engine, cap: int) -> None:
     engine.lm.generate = capped
 
 
+TOKEN_DELAY = 0.04  # s, `unhurried_lm`'s wait before each token
+
+
+def unhurried_lm(engine) -> None:
+    """Worker prepare hook (`WorkerPool.worker_prepare`): the LM waits TOKEN_DELAY s before each token, as a
+    busy backend does. A request then lasts seconds of wall time at little CPU: a test that needs streams
+    still running (at a kill, a cancel, a full pool) gets them without synthesizing minutes of audio."""
+    generate = engine.lm.generate
+
+    def unhurried(*args, **kwargs):
+        tokens = generate(*args, **kwargs)
+        try:
+            for token in tokens:
+                time.sleep(TOKEN_DELAY)
+                yield token
+        finally:
+            tokens.close()  # a cancelled request aborts the LM's work too
+
+    engine.lm.generate = unhurried
+
+
 def assert_pool_equals_solo(spec, requests: list, solo_engine, prepare=None) -> None:
     """Every request through a one-worker pool of `spec`, all at once (a thread each): each one's audio equals
     `solo_engine`'s for it alone (float rounding: 1e-4). `prepare`: the worker's prepare hook."""

@@ -47,7 +47,10 @@ def apps(backend, tiny_model_dir, tmp_path_factory):
               "--llm_base_url", backend.url, "--llm_api_key", backend.api_key,
               # the one-machine advice (README): a backend beside busy frontends (and, in the parallel run,
               # another test worker) may starve for longer than the 5 s default between tokens
-              "--llm_stall_timeout", "60"]
+              "--llm_stall_timeout", "60",
+              # 75 speech tokens (three streaming chunks, 3 s) a segment: what this module checks is the
+              # plumbing, and the random LM seldom stops before 20 tokens per text token
+              "--fixed_tokens", "75"]
     started = start_apps(common, common)
     yield started
     for a in started:

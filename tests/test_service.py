@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import ASSETS
+from conftest import ASSETS, unhurried_lm
 
 from cosy.errors import JobError
 from cosy.pipeline.request import SynthesisRequest
@@ -14,12 +14,16 @@ from cosy.service.workers import EngineSpec, QueueFull, WorkerPool
 
 ZS_WAV = str(ASSETS / "zero_shot_prompt.wav")
 ZS_TEXT = "希望你以后能够做的比我还好呦。"
-LONG = "今天天气很好，我们一起去公园散步，看看花草树木。" * 3
+SENTENCE = "今天天气很好，我们一起去公园散步，看看花草树木。"
+LONG = SENTENCE * 3
+# The random LM seldom samples its stop token: uncapped it runs to 20 tokens per text token (1000 for LONG).
+# The pool's mechanics need a few seconds of work per request, so its LM makes this many (--fixed_tokens).
+TOKENS = 200
 
 
 @pytest.fixture(scope="module")
 def pool(tiny_model_dir):
-    p = WorkerPool(EngineSpec(str(tiny_model_dir)), workers=2, max_queue=3).start()
+    p = WorkerPool(EngineSpec(str(tiny_model_dir), fixed_tokens=TOKENS), workers=2, max_queue=3).start()
     yield p
     p.close()
 
@@ -90,12 +94,16 @@ def test_a_worker_killed_mid_batch_fails_only_its_requests_and_is_replaced(tiny_
     import os
     import signal
 
-    p = WorkerPool(EngineSpec(str(tiny_model_dir), max_batch=2), workers=2, max_queue=4).start()
+    # the LM unhurried: every stream is still running at the kill, yet each one is only 120 tokens (the
+    # random LM made LONG * 3 a 3000-token stream, and then the streams outran the kill only by their length)
+    p = WorkerPool(EngineSpec(str(tiny_model_dir), max_batch=2, fixed_tokens=120), workers=2, max_queue=4)
+    p.worker_prepare = unhurried_lm
+    p.start()
     try:
         started, results = threading.Barrier(5), {}
 
         def run(i: int) -> None:
-            chunks = p.synthesize(request(seed=3, text=LONG * 3))  # long enough to be mid-stream at the kill
+            chunks = p.synthesize(request(seed=3, text=SENTENCE, stream=True))
             try:
                 n = len(next(chunks))
                 started.wait(120)

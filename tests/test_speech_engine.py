@@ -6,10 +6,11 @@ from __future__ import annotations
 import random
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from conftest import ASSETS, assert_pool_equals_solo, cap_lm
+from conftest import ASSETS, assert_pool_equals_solo, cap_lm, unhurried_lm
 
 from cosy.errors import Cancelled, JobError
 from cosy.pipeline.engine import Engine, SynthesisRequest
@@ -173,12 +174,18 @@ def test_scheduler_first_chunks_first_then_oldest():
 
 
 def test_pool_holds_max_batch_requests_per_worker(tiny_model_dir):
-    pool = WorkerPool(EngineSpec(str(tiny_model_dir), max_batch=4, cache_mb=64), workers=1, max_queue=2).start()
+    # 90 tokens a request (three streaming chunks; the random LM would make 800 for the text this test had),
+    # slowly enough that all four are still running when the last one's first chunk arrives
+    pool = WorkerPool(EngineSpec(str(tiny_model_dir), max_batch=4, cache_mb=64, fixed_tokens=90), workers=1,
+                      max_queue=4)  # asked for at once, all four may wait a moment before the worker takes them
+    pool.worker_prepare = unhurried_lm
+    pool.start()
     try:
-        req = SynthesisRequest(mode="zero_shot", text=TEXTS[1] * 3, prompt_text=ZS_TEXT, prompt_wav=str(ZS_WAV),
+        req = SynthesisRequest(mode="zero_shot", text=TEXTS[1], prompt_text=ZS_TEXT, prompt_wav=str(ZS_WAV),
                                seed=1, stream=True)
         gens = [pool.synthesize(req) for _ in range(4)]
-        firsts = [next(g) for g in gens]  # all four are served at once by the one worker
+        with ThreadPoolExecutor(4) as asking:  # all four asked for at once (a generator submits at its first next)
+            firsts = list(asking.map(next, gens))  # and served at once by the one worker
         assert all(isinstance(f, np.ndarray) and f.size for f in firsts)
         assert pool.stats()["busy"] == 4 and pool.stats()["capacity"] == 4
         gens[0].close()  # cancel: the slot frees at once
