@@ -40,7 +40,7 @@ def test_scheduler_batches_due_items_within_budget_and_isolates_failures():
     from cosy.speech.request import LiveRequest
     from cosy.speech.scheduler import Batch, SpeechScheduler
 
-    s, gate, calls = SpeechScheduler(max_frames=300, max_rows=8), threading.Event(), []
+    s, gate, gated, calls = SpeechScheduler(max_frames=300, max_rows=8), threading.Event(), threading.Event(), []
 
     def batch_fn(args):
         calls.append(list(args))
@@ -51,7 +51,7 @@ def test_scheduler_batches_due_items_within_budget_and_isolates_failures():
     def submit(r, first, arg, frames, out):
         s.bind(r)
         try:
-            out[r.id] = s.run(first, lambda: gate.wait() if arg == "gate" else _solo(arg),
+            out[r.id] = s.run(first, lambda: (gated.set(), gate.wait())[1] if arg == "gate" else _solo(arg),
                               batch=None if arg == "gate" else Batch(batch_fn, arg, frames))
         except Exception as e:
             out[r.id] = e
@@ -62,16 +62,23 @@ def test_scheduler_batches_due_items_within_budget_and_isolates_failures():
         return arg * 2
 
     def wave(specs):
+        """`specs` queued while the runner is held by a gate item, then released at once. Waits on the
+        scheduler's state, not fixed sleeps (under load a thread may take longer than any sleep to queue)."""
         out = {}
-        threading.Thread(target=submit, args=(LiveRequest(99, "s", {}), True, "gate", 0, out)).start()
-        time.sleep(0.1)
+        held = threading.Thread(target=submit, args=(LiveRequest(99, "s", {}), True, "gate", 0, out))
+        held.start()
+        assert gated.wait(5)  # the runner is inside the gate item
         ts = [threading.Thread(target=submit, args=(LiveRequest(i, "s", {}, arrival=float(i)), first, a, f, out))
               for i, (first, a, f) in enumerate(specs)]
         for t in ts:
             t.start()
-        time.sleep(0.2)
+        deadline = time.monotonic() + 5
+        while s.pending() < len(specs):  # every item queued behind the gate
+            assert time.monotonic() < deadline, s.pending()
+            time.sleep(0.005)
+        gated.clear()
         gate.set()
-        for t in ts:
+        for t in (held, *ts):
             t.join(5)
         gate.clear()
         return out
