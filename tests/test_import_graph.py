@@ -127,6 +127,18 @@ def test_cli_and_benchmarks_need_no_gradio_vllm_or_openai():
     assert out.stdout.strip() == "[]"
 
 
+def test_the_frontends_server_and_flags_need_no_openai():
+    """An app whose LM is embedded never talks to a backend: its server module and its flags (whose stall and
+    queue defaults belong to the LM's token clock, cosy.lm.watchdog) import no openai (0.8 CPU s a start)."""
+    import subprocess
+    import sys
+    code = ("import sys; import cosy.frontend.server as s; s.parse_args(['--model_dir', 'm']); "
+            "print(sorted(m for m in ('openai', 'cosy.lm.remote') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", out.stdout
+
+
 def test_the_container_healthcheck_imports_the_standard_library_only():
     """`python3 -m cosy.deploy.healthcheck` runs every few seconds in every container: importing `cosy` for it
     must not import torch or numpy (it once did, through cosy/__init__.py: 2.4 s of CPU per check, about

@@ -77,7 +77,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "fused kernels, mainly for GPUs; see README 'Precision')")
     p.add_argument("--no_tf32", dest="tf32", action="store_false",
                    help="strict float32 on CUDA (default: TF32 matmuls and convolutions; see README 'Precision')")
-    from cosy.lm.remote import DEFAULT_QUEUE_TIMEOUT, DEFAULT_STALL_TIMEOUT
+    from cosy.lm.watchdog import DEFAULT_QUEUE_TIMEOUT, DEFAULT_STALL_TIMEOUT
     p.add_argument("--llm_stall_timeout", type=float, default=DEFAULT_STALL_TIMEOUT,
                    help="seconds an LM backend may go without sending a token before the request moves to "
                         f"another backend (nothing generated yet) or fails (default {DEFAULT_STALL_TIMEOUT:g})")

@@ -24,12 +24,9 @@ from torch import Tensor
 
 from cosy.errors import Cancelled, Unavailable
 from cosy.lm.sampling import SamplingParams
-from cosy.lm.watchdog import WATCHDOG
+from cosy.lm.watchdog import DEFAULT_QUEUE_TIMEOUT, DEFAULT_STALL_TIMEOUT, WATCHDOG
 from cosy.model.families.cosyvoice2 import FAMILY as COSYVOICE2
 from cosy.model.family import ModelFamily
-
-DEFAULT_STALL_TIMEOUT = 5.0  # seconds without a token; app.py's --llm_stall_timeout
-DEFAULT_QUEUE_TIMEOUT = 60.0  # seconds to the first token while the backend says queued; --llm_queue_timeout
 
 
 class BackendError(Unavailable, RuntimeError):
