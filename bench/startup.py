@@ -37,13 +37,18 @@ def commands(model: Path, out: Path) -> dict[str, list[str]]:
     return {"build": ["-c", build], "cli": cli}
 
 
+def children_cpu() -> float:
+    """User + system CPU seconds of every child this process has waited for (and of their waited children)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def cpu_of(args: list[str], checkout: Path) -> float:
     """CPU seconds of `python args` run with `checkout` first on the path."""
     env = {**os.environ, "PYTHONPATH": str(checkout)}
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    before = children_cpu()
     subprocess.run([sys.executable, *args], cwd=checkout, env=env, check=True, capture_output=True)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return children_cpu() - before
 
 
 def backend_cost(model: Path, checkout: Path, cache: Path) -> tuple[float, float]:
@@ -52,7 +57,7 @@ def backend_cost(model: Path, checkout: Path, cache: Path) -> tuple[float, float
 
     port = 18000 + os.getpid() % 1000
     env = {**os.environ, "PYTHONPATH": str(checkout), "VLLM_CPU_KVCACHE_SPACE": "1"}
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    before = children_cpu()
     proc = subprocess.Popen([sys.executable, "launch/backend.py", "--model_dir", str(model), "--no_api_key",
                              "--host", "127.0.0.1", "--port", str(port), "--cache_dir", str(cache)],
                             cwd=checkout, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
@@ -72,8 +77,7 @@ def backend_cost(model: Path, checkout: Path, cache: Path) -> tuple[float, float
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait()
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), memory
+    return children_cpu() - before, memory
 
 
 def main() -> None:

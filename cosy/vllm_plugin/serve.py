@@ -17,8 +17,9 @@ hide_modules(TORCH_ADDONS + SERVER_UNUSED)  # module level on purpose: spawned c
 def fork_engine_core() -> None:
     """On the CPU with the model inside the engine process (VLLM_ENABLE_V1_MULTIPROCESSING=0, what
     `cosy.deploy.backend` sets), start that process by fork, not spawn: it then inherits this process's
-    imports of vLLM and torch instead of doing them again (about 12 of a start's 34 CPU seconds on the tiny
-    model; the forked engine's pages are shared with this process's until written). vLLM's CPU platform forces
+    imports of vLLM and torch instead of doing them again (a start on the tiny model: 16.7 instead of 27.1
+    CPU s, `bench/startup.py --backend`; the forked engine's pages are shared with this process's until
+    written). vLLM's CPU platform forces
     spawn for its multiprocess executor, whose workers must set up OpenMP before torch loads; with the
     uniprocess executor there are no such workers. This process runs no torch computation before the fork,
     so the child inherits no OpenMP thread pool (libgomp's pool does not survive a fork)."""
