@@ -1,18 +1,22 @@
 """What a process that builds an engine costs to start (a speech worker, a CLI run), in CPU seconds, for this
 checkout and optionally another one, alternating in one run (the machine's speed drifts):
 
-    python bench/startup.py [--baseline /path/to/other/checkout] [--model_dir DIR] [--repeats 3] [--backend]
+    python bench/startup.py [--baseline /path/to/other/checkout] [--model_dir DIR] [--repeats 3] [--app]
+        [--backend]
 
 Two commands per checkout, each in a fresh interpreter with that checkout first on sys.path: `build` (import
 and `Engine.from_model_dir`, what a worker does before it reports ready) and `cli` (a seeded streamed zero-shot
 `python -m cosy` run of a short text). CPU = user + system of the child, from getrusage; medians printed.
---backend adds `backend`: `launch/backend.py` (its vLLM server and engine) until it is ready, one 20-token
-completion, then SIGTERM; CPU of the whole process tree, and its memory at ready (proportional set size, so
-pages that a forked process shares are counted once). Without --model_dir a tiny random model is built.
+--app adds `app`: `app.py` (its server and one speech worker, LM embedded) until it says it is ready, then
+SIGTERM; CPU of the app and its worker. --backend adds `backend`: `launch/backend.py` (its vLLM server and
+engine) until it is ready, one 20-token completion, then SIGTERM; CPU of the whole process tree, and its memory
+at ready (proportional set size, so pages that a forked process shares are counted once). Without --model_dir
+a tiny random model is built.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -22,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,6 +56,23 @@ def cpu_of(args: list[str], checkout: Path) -> float:
     return children_cpu() - before
 
 
+@contextlib.contextmanager
+def serving(args: list[str], checkout: Path, env: dict[str, str], ready: bytes) -> Iterator[subprocess.Popen]:
+    """`python args` in `checkout`, yielded once a line of its output starts with `ready`; SIGTERM on exit."""
+    proc = subprocess.Popen([sys.executable, *args], cwd=checkout, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL)
+    try:
+        for line in proc.stdout:
+            if line.startswith(ready):
+                break
+        else:
+            raise RuntimeError(f"python {args[0]} of {checkout} exited before it was ready")
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait()
+
+
 def backend_cost(model: Path, checkout: Path, cache: Path) -> tuple[float, float]:
     """(CPU seconds, memory MB at ready) of a backend of `checkout` started, asked for 20 tokens and stopped."""
     import psutil
@@ -58,15 +80,9 @@ def backend_cost(model: Path, checkout: Path, cache: Path) -> tuple[float, float
     port = 18000 + os.getpid() % 1000
     env = {**os.environ, "PYTHONPATH": str(checkout), "VLLM_CPU_KVCACHE_SPACE": "1"}
     before = children_cpu()
-    proc = subprocess.Popen([sys.executable, "launch/backend.py", "--model_dir", str(model), "--no_api_key",
-                             "--host", "127.0.0.1", "--port", str(port), "--cache_dir", str(cache)],
-                            cwd=checkout, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    try:
-        for line in proc.stdout:
-            if line.startswith(b"cosy backend ready"):
-                break
-        else:
-            raise RuntimeError(f"the backend of {checkout} exited before it was ready")
+    args = ["launch/backend.py", "--model_dir", str(model), "--no_api_key", "--host", "127.0.0.1", "--port",
+            str(port), "--cache_dir", str(cache)]
+    with serving(args, checkout, env, b"cosy backend ready") as proc:
         tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
         memory = sum(p.memory_full_info().pss for p in tree) / 2 ** 20
         url = f"http://127.0.0.1:{port}/v1"
@@ -74,10 +90,19 @@ def backend_cost(model: Path, checkout: Path, cache: Path) -> tuple[float, float
         body = {"model": name, "prompt": [1, 2, 3], "max_tokens": 20, "ignore_eos": True}
         urllib.request.urlopen(urllib.request.Request(f"{url}/completions", json.dumps(body).encode(),
                                                       {"Content-Type": "application/json"}), timeout=300).read()
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait()
     return children_cpu() - before, memory
+
+
+def app_cost(model: Path, checkout: Path, data: Path) -> float:
+    """CPU seconds of an app of `checkout` (its server and one speech worker, embedded LM) started until it
+    says it is ready, then stopped."""
+    port = 17000 + os.getpid() % 1000
+    env = {**os.environ, "PYTHONPATH": str(checkout), "PYTHONUNBUFFERED": "1"}
+    before = children_cpu()
+    args = ["app.py", "--model_dir", str(model), "--data_dir", str(data), "--host", "127.0.0.1", "--port", str(port)]
+    with serving(args, checkout, env, b"cosy frontend ready: "):
+        pass
+    return children_cpu() - before
 
 
 def main() -> None:
@@ -86,6 +111,7 @@ def main() -> None:
     ap.add_argument("--model_dir", type=Path)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--backend", action="store_true", help="also the backend's start (CPU and memory)")
+    ap.add_argument("--app", action="store_true", help="also an app's start (its server and one worker)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model_dir
@@ -99,13 +125,15 @@ def main() -> None:
             for what, cmd in cmds.items():
                 for name, checkout in checkouts.items():  # alternating: drift hits both alike
                     seconds.setdefault((name, what), []).append(cpu_of(cmd, checkout))
+            for name, checkout in checkouts.items() if args.app else ():
+                seconds.setdefault((name, "app"), []).append(app_cost(model, checkout, Path(tmp) / f"data-{name}"))
             for name, checkout in checkouts.items() if args.backend else ():
                 cpu, memory = backend_cost(model, checkout, Path(tmp) / f"cache-{name}")
                 seconds.setdefault((name, "backend"), []).append(cpu)
                 seconds.setdefault((name, "backend MB"), []).append(memory)
     print(f"model {model}; CPU seconds (user + system), medians of {args.repeats}, alternating")
     print(f"{'command':<8} " + " ".join(f"{name:>10}" for name in checkouts) + ("   ratio" if args.baseline else ""))
-    for what in [*cmds, *(("backend", "backend MB") if args.backend else ())]:
+    for what in [*cmds, *(("app",) if args.app else ()), *(("backend", "backend MB") if args.backend else ())]:
         row = [statistics.median(seconds[(name, what)]) for name in checkouts]
         ratio = f"  {row[0] / row[1]:.2f}x" if args.baseline else ""
         print(f"{what:<8} " + " ".join(f"{s:10.2f}" for s in row) + ratio)

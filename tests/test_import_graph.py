@@ -139,6 +139,27 @@ def test_the_frontends_server_and_flags_need_no_openai():
     assert out.stdout.strip() == "[]", out.stdout
 
 
+def test_the_frontends_server_imports_gradio_without_its_type_stub_pass():
+    """The server's Gradio skips rewriting its .pyi stubs as each component class is defined (1.4 CPU s of an
+    app's start, cosy.frontend.gradio_stubs), and its components still work; a plain `import gradio` keeps
+    the pass. If a Gradio upgrade renames or moves the function, the first line reads False here."""
+    import subprocess
+    import sys
+    code = ("import sys; import cosy.frontend.server; import gradio as gr\n"
+            "from cosy.frontend.gradio_stubs import stub_pass_skipped\n"
+            "class Extra(gr.Textbox): pass\n"  # ComponentMeta runs the (skipped) pass for a new class too
+            "with gr.Blocks() as b:\n    a = gr.Audio(type='filepath'); t = Extra(value='x')\n"
+            "print(stub_pass_skipped(), a.type, t.value)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[0] == "True filepath x", out.stdout
+    code = ("import gradio, gradio.component_meta as m; from cosy.frontend.gradio_stubs import stub_pass_skipped\n"
+            "print(stub_pass_skipped(), m.create_or_modify_pyi.__module__)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[0] == "False gradio.component_meta", out.stdout
+
+
 def test_the_container_healthcheck_imports_the_standard_library_only():
     """`python3 -m cosy.deploy.healthcheck` runs every few seconds in every container: importing `cosy` for it
     must not import torch or numpy (it once did, through cosy/__init__.py: 2.4 s of CPU per check, about
