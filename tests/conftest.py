@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from worker_hooks import TOKEN_DELAY, cap_lm, unhurried_lm  # noqa: F401 -- the tests import them from here
 
 FIXTURES = Path(__file__).parent / "fixtures"
 GOLDEN = FIXTURES / "golden"
@@ -85,39 +86,6 @@ def full_model_dir(tmp_path_factory) -> Path:
 # Bias of the peaked model's LM head (its llm_decoder weight zeroed): every step has this distribution; the
 # largest logit is eos (6561), masked while min_len holds (tests/test_backend_server.py's RAS test)
 PEAKED_BIAS = {10: 4.5, 20: 4.3, 30: 4.1, 40: 3.9, 50: 3.7, 60: 3.5, 70: 3.3, 80: 3.1, 6561: 9.0}
-
-
-def cap_lm(engine, cap: int) -> None:
-    """Each `engine.lm.generate` call ends by max(min_len, cap) tokens. A random LM seldom samples its stop
-    token, so it runs to max_len (20 speech tokens per text token: 300 for a 15-token sentence); a test of
-    equality or lengths needs a few streaming chunks (28, then 25 tokens each), not that."""
-    generate = engine.lm.generate
-
-    def capped(prompt_embeds, min_len, max_len, *args, **kw):
-        return generate(prompt_embeds, min_len, min(max_len, max(min_len, cap)), *args, **kw)
-
-    engine.lm.generate = capped
-
-
-TOKEN_DELAY = 0.04  # s, `unhurried_lm`'s wait before each token
-
-
-def unhurried_lm(engine) -> None:
-    """Worker prepare hook (`WorkerPool.worker_prepare`): the LM waits TOKEN_DELAY s before each token, as a
-    busy backend does. A request then lasts seconds of wall time at little CPU: a test that needs streams
-    still running (at a kill, a cancel, a full pool) gets them without synthesizing minutes of audio."""
-    generate = engine.lm.generate
-
-    def unhurried(*args, **kwargs):
-        tokens = generate(*args, **kwargs)
-        try:
-            for token in tokens:
-                time.sleep(TOKEN_DELAY)
-                yield token
-        finally:
-            tokens.close()  # a cancelled request aborts the LM's work too
-
-    engine.lm.generate = unhurried
 
 
 def assert_pool_equals_solo(spec, requests: list, solo_engine, prepare=None) -> None:
