@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 import pytest
-from worker_hooks import TOKEN_DELAY, cap_lm, unhurried_lm  # noqa: F401 -- the tests import them from here
 
 FIXTURES = Path(__file__).parent / "fixtures"
 GOLDEN = FIXTURES / "golden"

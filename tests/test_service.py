@@ -6,7 +6,8 @@ import time
 
 import numpy as np
 import pytest
-from conftest import ASSETS, unhurried_lm
+from conftest import ASSETS
+from worker_hooks import unhurried_lm
 
 from cosy.errors import JobError
 from cosy.pipeline.request import SynthesisRequest

@@ -10,7 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from conftest import ASSETS, assert_pool_equals_solo, cap_lm, unhurried_lm
+from conftest import ASSETS, assert_pool_equals_solo
+from worker_hooks import cap_lm, unhurried_lm
 
 from cosy.errors import Cancelled, JobError
 from cosy.pipeline.engine import Engine, SynthesisRequest

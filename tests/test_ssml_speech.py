@@ -9,7 +9,8 @@ import shutil
 
 import pytest
 import torch
-from conftest import ASSETS, FIXTURES, cap_lm
+from conftest import ASSETS, FIXTURES
+from worker_hooks import cap_lm
 
 from cosy.errors import BadRequest
 from cosy.pipeline.engine import Engine

@@ -19,10 +19,10 @@ def fork_engine_core() -> None:
     `cosy.deploy.backend` sets), start that process by fork, not spawn: it then inherits this process's
     imports of vLLM and torch instead of doing them again (a start on the tiny model: 16.7 instead of 27.1
     CPU s, `bench/startup.py --backend`; the forked engine's pages are shared with this process's until
-    written). vLLM's CPU platform forces
-    spawn for its multiprocess executor, whose workers must set up OpenMP before torch loads; with the
-    uniprocess executor there are no such workers. This process runs no torch computation before the fork,
-    so the child inherits no OpenMP thread pool (libgomp's pool does not survive a fork)."""
+    written). vLLM's CPU platform forces spawn for its multiprocess executor, whose workers must set up
+    OpenMP before torch loads; with the uniprocess executor there are no such workers. This process runs no
+    torch computation before the fork, so the child inherits no OpenMP thread pool (libgomp's pool does not
+    survive a fork)."""
     from vllm.platforms import cpu
 
     platform = cpu.CpuPlatform
