@@ -8,6 +8,7 @@ only where those tools are installed.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -110,7 +111,39 @@ def test_haproxy_accepts_cfg():
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+def test_haproxy_names_the_client_to_the_frontends():
+    """HAProxy sends X-Forwarded-For (the frontends' --trusted_proxies makes them believe it)."""
+    assert "\n    option forwardfor\n" in HAPROXY_CFG.read_text()
+
+
 # ---------------------------------------------------------------------------------------------- compose
+
+def _trusted_proxy_wiring(doc: dict) -> tuple[list[str], str, str]:
+    """(each frontend's --trusted_proxies, the proxy's address, the compose network's subnet) of a compose
+    document whose variables are filled in."""
+    trusted = [flag_value(svc["command"], "--trusted_proxies") for name, svc in doc["services"].items()
+               if name.startswith("frontend")]
+    address = doc["services"]["proxy"]["networks"]["default"]["ipv4_address"]
+    (subnet,) = [c["subnet"] for c in doc["networks"]["default"]["ipam"]["config"]]
+    return trusted, address, subnet
+
+
+def _filled(text: str, env: dict[str, str]) -> dict:
+    """compose.yaml with `${VAR:-default}` filled in from `env` (what compose does with the environment)."""
+    return yaml.safe_load(re.sub(r"\$\{(\w+):-([^}]*)\}", lambda m: env.get(m.group(1), m.group(2)), text))
+
+
+def test_compose_frontends_trust_the_proxy_and_only_it():
+    """The frontends believe X-Forwarded-For from the proxy's fixed address only (not the whole network: the
+    published port's connections come from its gateway), by default and with both variables moved."""
+    import ipaddress
+    for env in ({}, {"COSY_SUBNET": "10.77.5.0/24", "COSY_PROXY_ADDRESS": "10.77.5.20"}):
+        trusted, address, subnet = _trusted_proxy_wiring(_filled(COMPOSE.read_text(), env))
+        assert trusted == [address, address], (env, trusted)
+        assert ipaddress.ip_address(address) in ipaddress.ip_network(subnet), (env, address, subnet)
+        assert address == env.get("COSY_PROXY_ADDRESS", address)
+
+
 
 def test_compose_loads():
     doc = compose()
@@ -141,3 +174,5 @@ def test_podman_compose_config(tmp_path):
     rendered = yaml.safe_load(r.stdout)
     assert rendered["secrets"]["llm_api_key"]["file"] == str(key)
     assert any(str(v).startswith(f"{models}:/models") for v in rendered["services"]["backend"]["volumes"])
+    trusted, address, subnet = _trusted_proxy_wiring(rendered)  # podman-compose reads the network settings
+    assert trusted == [address, address] and address.startswith(subnet.rsplit(".", 1)[0] + ".")

@@ -13,6 +13,10 @@ Affinity: the HTTP APIs are stateless (uploads and saved voices live in the shar
 session's queue lives in one process: its `queue/join` and `queue/data` must reach the same frontend. HAProxy
 inserts a cookie on the first response; browsers and `gradio_client` (which keeps the cookies of its first
 `/config` request) send it back. Clients without the cookie are balanced by least connections.
+
+Client addresses: HAProxy appends the client's address to `X-Forwarded-For` (`option forwardfor`); a frontend
+believes it only from the addresses in its `--trusted_proxies`, so start the frontends with this proxy's
+address there (as seen by them), or every client shares the proxy's one address (and its wrong-key limit).
 """
 from __future__ import annotations
 
@@ -55,6 +59,8 @@ global
 
 defaults
     mode http
+    # the client's address, for the frontends' per-client limits: start them with --trusted_proxies=<the
+    # address they see this proxy at>, or they ignore it
     option forwardfor
     # a frontend that refuses the connection (just died, not yet marked down): try another one
     option redispatch

@@ -109,6 +109,8 @@ class FailedAttempts:
 
 
 def _client(scope: Scope) -> str:
+    """The address the limit counts: the connection's, or the client a trusted proxy names (cosy.frontend.proxies,
+    `--trusted_proxies`; a client's own X-Forwarded-For counts for nothing)."""
     client = scope.get("client")
     return client[0] if client else "?"
 

@@ -64,6 +64,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "(default: $COSY_API_KEY; unset = open)")
     p.add_argument("--api_key_file", default=None,
                    help="read --api_key from this file (trailing newline stripped; keeps it out of ps)")
+    p.add_argument("--trusted_proxies", default="",
+                   help="comma-separated addresses and CIDR networks of the proxies in front of this frontend "
+                        "(e.g. HAProxy's address): only on their connections does X-Forwarded-For name the client "
+                        "(the rightmost address that is no trusted proxy), so the wrong-key limit is per client "
+                        "(default: none; every client is the address it connects from)")
     p.add_argument("--max_queue", type=int, default=64,
                    help="waiting requests before new ones are refused as busy (default 64)")
     p.add_argument("--device", default=None,
@@ -142,6 +147,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                 setattr(args, dest, read_key_file(path, flag))
             except KeyFileError as e:
                 p.error(str(e))
+    from cosy.frontend.proxies import parse_trusted_proxies
+    try:
+        args.trusted_proxies = parse_trusted_proxies(args.trusted_proxies)
+    except ValueError as e:
+        p.error(str(e))
     if args.drain_timeout < 0:
         p.error("--drain_timeout must be >= 0")
     if min(args.llm_stall_timeout, args.llm_queue_timeout, args.header_timeout, args.uploads_max_age,

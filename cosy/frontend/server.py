@@ -250,7 +250,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         # re-raise the signal to the handler that was there before: for SIGTERM, ours (no-op), so that the
         # clean-up below runs instead of the default action killing the process
         signal.signal(signal.SIGTERM, lambda *_: None)
-        server = _Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
+        # X-Forwarded-For only from --trusted_proxies (cosy.frontend.proxies), not uvicorn's 127.0.0.1 default
+        from cosy.frontend.proxies import ForwardedFor
+        app = ForwardedFor(app, trusted=args.trusted_proxies)
+        server = _Server(uvicorn.Config(app, proxy_headers=False, host=args.host, port=args.port, log_level="warning",
                                         timeout_graceful_shutdown=5,
                                         http=HeaderTimeoutProtocol.with_timeout(args.header_timeout)))
 
