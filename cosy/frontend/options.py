@@ -12,9 +12,10 @@ from cosy.model.precision import DTYPES, resolve_dtype
 from cosy.service.placement import worker_devices
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """app.py's flags (the docs' flags reference is generated from this parser)."""
     from cosy.deploy.models import DEFAULT_MODEL
-    p = argparse.ArgumentParser(prog="app.py", description="cosy frontend: CosyVoice2 WebUI and APIs")
+    p = argparse.ArgumentParser(prog="app.py", description="cosy frontend: the CosyVoice2 / CosyVoice3 WebUI and APIs")
     p.add_argument("--model_dir", default=DEFAULT_MODEL,
                    help=f"model directory (local or NAS path) or ModelScope id, downloaded into DATA_DIR/models "
                         f"on first use (default {DEFAULT_MODEL})")
@@ -117,6 +118,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--results_max_mb", type=float, default=res.max_bytes / 2**20,
                    help="total size of the result files and of gradio's temp files each "
                         f"(default {res.max_bytes >> 20})")
+    return p
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """app.py's flags, checked; exits with a usage error naming the problem."""
+    p = build_parser()
     args = p.parse_args(argv)
     try:
         args.device = ",".join(worker_devices(args.device or default_device(), visible_gpus()))
