@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import ast
 import io
 import json
 import sys
@@ -104,6 +105,39 @@ def metrics_section() -> str:
     return "\n".join(out) + "\n"
 
 
+# the packages in the order the data flows through them, then the serving layers and the tools
+PACKAGE_ORDER = ("errors", "model", "text", "audio", "prompt", "lm", "flow", "hift", "pipeline", "speech", "service",
+                 "frontend", "deploy", "batch", "vllm_plugin", "verify")
+
+
+def _first_sentence(path: Path) -> str:
+    doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+    first = " ".join(doc.split("\n\n")[0].split())
+    return first.split(". ")[0].rstrip(".") if first else ""
+
+
+def layout_section() -> str:
+    """The package tree: each package's and module's first docstring sentence."""
+    pkg = ROOT / "cosy"
+    names = sorted(p.stem if p.is_file() else p.name for p in pkg.iterdir()
+                   if (p.is_dir() and (p / "__init__.py").exists()) or (p.suffix == ".py" and p.stem != "__init__"))
+    order = [n for n in PACKAGE_ORDER if n in names] + [n for n in names if n not in PACKAGE_ORDER]
+    out = [""]
+    for name in order:
+        path = pkg / name
+        if path.is_dir():
+            out += [f"### `cosy/{name}/`", "", _first_sentence(path / "__init__.py"), "", "| module | what it holds |",
+                    "| --- | --- |"]
+            for module in sorted(path.rglob("*.py")):
+                if module.name != "__init__.py" or module.parent != path:
+                    rel = module.relative_to(path).as_posix()
+                    out.append(f"| `{rel}` | {_cell(_first_sentence(module))} |")
+            out.append("")
+        else:
+            out += [f"### `cosy/{name}.py`", "", _first_sentence(pkg / f"{name}.py"), ""]
+    return "\n".join(out)
+
+
 def runs(kind: str) -> list[dict]:
     """The benchmark runs of one kind in docs/performance/ (newest last)."""
     found = [json.loads(p.read_text()) | {"file": p.name} for p in sorted(DATA.glob(f"{kind}*.json"))]
@@ -199,6 +233,8 @@ with mkdocs_gen_files.open("reference/routes.md", "w") as f:
     f.write(routes_page())
 with mkdocs_gen_files.open("reference/gradio.md", "w") as f:
     f.write(gradio_page())
+with mkdocs_gen_files.open("development/layout.md", "a") as f:
+    f.write(layout_section())
 with mkdocs_gen_files.open("operations/metrics.md", "a") as f:
     f.write(metrics_section())
 with mkdocs_gen_files.open("performance.md", "a") as f:
