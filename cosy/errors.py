@@ -17,7 +17,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 # what an answer must never show: a backend's URL (or host:port), a server path
-_URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>)\],;]+")
+# (a scheme starts only where no scheme character precedes it: one scan per run, linear in any text)
+_URL = re.compile(r"(?<![a-zA-Z0-9+.-])[a-zA-Z][a-zA-Z0-9+.-]*+://[^\s'\"<>)\],;]+")
 _HOST_PORT = re.compile(r"\b(?:\d{1,3}(?:\.\d{1,3}){3}|localhost|\[[0-9a-fA-F:]+\]):\d{1,5}\b")
 _PROMPT_FILE = re.compile(r"prompt audio file '[^']*'")
 _PATH = re.compile(r"(?<![\w.:/])/(?:[^\s'\"/<>]+/)+[^\s'\"/<>]*")
@@ -120,6 +121,20 @@ def storing(what: str) -> Iterator[None]:
             raise Unavailable(f"the data dir is not writable ({os.strerror(e.errno)}): {what} was not stored",
                               retry_after=30.0) from None
         raise
+
+
+ECHO_CHARS = 80  # of a client's value quoted in an error message
+
+
+def clip(text: str, limit: int = ECHO_CHARS) -> str:
+    """At most `limit` characters of `text` (a client's value in a message), cut with an ellipsis."""
+    return text[:limit] + "…" if len(text) > limit else text
+
+
+def echo(value: object, limit: int = ECHO_CHARS) -> str:
+    """A client's value quoted in an error message (its repr), at most `limit` characters of it: a message
+    names what was wrong without sending a large input back."""
+    return repr(clip(value if isinstance(value, str) else str(value), limit))
 
 
 def public_message(message: str, echoed: tuple[str, ...] = ()) -> str:

@@ -18,7 +18,12 @@ attributes (anything else is refused, so a typo never passes silently):
 - `<say-as interpret-as="...">text</say-as>`: one of SAY_AS (the text normalizer reads it in that mode).
 - `<phoneme alphabet="py|cmu" ph="...">text</phoneme>`: pinyin with tone numbers (`chong2 qing4`) or CMU
   phones (`HH AH0 L OW1`); what a model family does with them is the family's business.
-The three inline tags hold text only.
+The three inline tags hold text only. An error quotes at most 80 characters of what was sent
+(`cosy.errors.echo`).
+
+A text is taken for a document (`looks_like_ssml`) when, after blanks, it starts with `<speak`, an XML
+declaration or a DOCTYPE: the last two are markup whatever follows, and the parser says what is wrong
+with them (a DOCTYPE is never accepted). The check looks at the first few characters only.
 """
 from __future__ import annotations
 
@@ -26,7 +31,7 @@ import re
 from dataclasses import dataclass
 from xml.parsers import expat
 
-from cosy.errors import BadRequest
+from cosy.errors import BadRequest, clip, echo
 
 MAX_BREAK_MS = 10_000  # one <break>
 MAX_SILENCE_MS = 60_000  # every <break> of a document together
@@ -34,8 +39,10 @@ RATE_RANGE = (0.5, 2.0)  # as the speed field (cosy.pipeline.request.SPEED_RANGE
 VOLUME_RANGE = (0, 100)  # 50: unchanged
 SAY_AS = ("cardinal", "digits", "telephone", "characters", "date", "time", "currency")
 ALPHABETS = ("py", "cmu")
-# an XML declaration, a DOCTYPE (refused by the parser, with its place), then the root
-_SSML_START = re.compile(r"\s*(<\?xml[^>]*\?>\s*)?(<!DOCTYPE[^\[>]*(\[[^\]]*\])?\s*>\s*)?<speak[\s/>]")
+# the root, an XML declaration or a DOCTYPE (refused by the parser, with its place) after blanks; possessive
+# and without a scan to the head's end, so it is linear however many blanks follow (one WebSocket message
+# of <!DOCTYPE and 400,000 blanks held a frontend's event loop for minutes)
+_SSML_START = re.compile(r"\s*+(?:<speak[\s/>]|<\?xml|<!DOCTYPE)")
 _TIME = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s)\s*")
 _ATTRIBUTES = {"speak": {"rate", "volume", "pitch", "version", "xmlns", "xml:lang"}, "break": {"time"},
                "sub": {"alias"}, "say-as": {"interpret-as", "format"}, "phoneme": {"alphabet", "ph"}}
@@ -94,7 +101,7 @@ class Ssml:
 
 
 def looks_like_ssml(text: str) -> bool:
-    """Whether `text` starts (after blanks, an XML declaration or a DOCTYPE) with a <speak> element."""
+    """Whether `text` is meant as a document: after blanks, <speak>, an XML declaration or a DOCTYPE."""
     return _SSML_START.match(text) is not None
 
 
@@ -135,7 +142,7 @@ class _Parser:
 
     def _start(self, tag: str, attrs: dict) -> None:
         if tag not in _ATTRIBUTES:
-            self._fail(f"unknown tag <{tag}> (supported: {', '.join(f'<{t}>' for t in _ATTRIBUTES)})")
+            self._fail(f"unknown tag <{clip(tag)}> (supported: {', '.join(f'<{t}>' for t in _ATTRIBUTES)})")
         parent = self.stack[-1][0] if self.stack else None
         if (tag == "speak") != (parent is None):
             self._fail("<speak> must be the root, once" if tag == "speak" else f"<{tag}> must be inside <speak>")
@@ -143,7 +150,8 @@ class _Parser:
             self._fail(f"<{parent}> holds text only, not <{tag}>")
         unknown = sorted(set(attrs) - _ATTRIBUTES[tag])
         if unknown:
-            self._fail(f"<{tag}> has no attribute {', '.join(unknown)} (it takes {', '.join(sorted(_ATTRIBUTES[tag]))})")
+            self._fail(f"<{tag}> has no attribute {clip(', '.join(unknown))} (it takes "
+                       f"{', '.join(sorted(_ATTRIBUTES[tag]))})")
         for name in _REQUIRED.get(tag, ()):
             if not attrs.get(name, "").strip():
                 self._fail(f"<{tag}> needs a {name} attribute")
@@ -162,24 +170,25 @@ class _Parser:
     def _open_break(self, attrs: dict) -> None:
         m = _TIME.fullmatch(attrs["time"])
         if not m:
-            self._fail(f"<break time={attrs['time']!r}>: use milliseconds or seconds, e.g. 500ms or 1.5s")
+            self._fail(f"<break time={echo(attrs['time'])}>: use milliseconds or seconds, e.g. 500ms or 1.5s")
         ms = float(m[1]) * (1000 if m[2] == "s" else 1)
         if not 1 <= ms <= MAX_BREAK_MS or ms != int(ms):
-            self._fail(f"<break time={attrs['time']!r}>: whole milliseconds from 1 to {MAX_BREAK_MS} (10s)")
+            self._fail(f"<break time={echo(attrs['time'])}>: whole milliseconds from 1 to {MAX_BREAK_MS} (10s)")
         self.items.append(Break(int(ms)))
 
     def _open_say_as(self, attrs: dict) -> None:
         if attrs["interpret-as"] not in SAY_AS:
-            self._fail(f"say-as interpret-as {attrs['interpret-as']!r} is not supported (use {', '.join(SAY_AS)})")
+            self._fail(f"say-as interpret-as {echo(attrs['interpret-as'])} is not supported (use "
+                       f"{', '.join(SAY_AS)})")
 
     def _open_phoneme(self, attrs: dict) -> None:
         if attrs["alphabet"] not in ALPHABETS:
-            self._fail(f"phoneme alphabet {attrs['alphabet']!r} is not supported (use {' or '.join(ALPHABETS)})")
+            self._fail(f"phoneme alphabet {echo(attrs['alphabet'])} is not supported (use {' or '.join(ALPHABETS)})")
         bad = next((p for p in attrs["ph"].split() if not _PHONE[attrs["alphabet"]].fullmatch(p)), None)
         if bad is not None:
             what = "pinyin with a tone number 1-5, e.g. chong2" if attrs["alphabet"] == "py" else \
                 "a CMU phone (vowels with or without a stress digit), e.g. HH AH0 L OW1"
-            self._fail(f"phoneme ph {bad!r} is not {what}")
+            self._fail(f"phoneme ph {echo(bad)} is not {what}")
 
     def _number(self, value: str, name: str, low: float, high: float) -> float:
         try:
@@ -187,7 +196,7 @@ class _Parser:
         except ValueError:
             x = float("nan")
         if not low <= x <= high:
-            self._fail(f"<speak {name}={value!r}>: a number from {low:g} to {high:g}")
+            self._fail(f"<speak {name}={echo(value)}>: a number from {low:g} to {high:g}")
         return x
 
     def _end(self, tag: str) -> None:

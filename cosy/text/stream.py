@@ -10,7 +10,6 @@ Latin piece that began with a space keeps one, so words stay apart for the token
 """
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
@@ -18,12 +17,17 @@ from cosy.text.frontend import TextFrontend
 from cosy.text.normalize import contains_chinese
 from cosy.text.split import CLOSING_QUOTES, EN_SENTENCE_ENDS, ZH_SENTENCE_ENDS
 
-_TAIL = re.compile(r"\s*[0-9A-Za-z'.,:%/\-]*$")  # what may continue in the next piece
+_TAIL_CHARS = frozenset("0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz'.,:%/-")  # may continue
 
 
 def split_tail(text: str) -> tuple[str, str]:
-    """(what can be normalized now, the tail to hold back)."""
-    cut = _TAIL.search(text).start()
+    """(what can be normalized now, the tail to hold back: the trailing run of _TAIL_CHARS and the blanks
+    before it), found from the end (a regex search from every start is quadratic in a long run)."""
+    cut = len(text)
+    while cut and text[cut - 1] in _TAIL_CHARS:
+        cut -= 1
+    while cut and text[cut - 1].isspace():
+        cut -= 1
     return text[:cut], text[cut:]
 
 
