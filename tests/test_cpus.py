@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,15 @@ import pytest
 from servers import App
 
 from cosy.deploy.backend import Child, parse_args, vllm_command
-from cosy.deploy.cpus import OPENMP_WAIT_VARS, format_cpus, parse_cpus, sleep_idle_threads, usable_cores, worker_threads
+from cosy.deploy.cpus import (
+    OPENMP_WAIT_VARS,
+    format_cpus,
+    parse_cpus,
+    priority_refusal,
+    sleep_idle_threads,
+    usable_cores,
+    worker_threads,
+)
 from cosy.service.workers import EngineSpec, WorkerPool
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,8 +107,9 @@ def test_backend_binds_vllm_openmp_to_its_cpus(tmp_path, monkeypatch):
 
 
 AUTOGROUP = Path("/proc/self/autogroup")
-SHOW_PRIORITY = ("import os; a = open('/proc/self/autogroup').read().split()[-1] if os.path.exists('/proc/self/autogroup') "
-                 "else '-'; print(os.nice(0), a, os.getsid(0) == os.getpid())")
+SHOW_PRIORITY = ("import os; a = open('/proc/self/autogroup').read().split()[-1] "
+                 "if os.path.exists('/proc/self/autogroup') else '-'; "
+                 "print(os.nice(0), a, os.getsid(0) == os.getpid())")
 
 
 def test_backend_nice_lowers_vllm_against_other_sessions(tmp_path):
@@ -119,6 +129,47 @@ def test_backend_nice_lowers_vllm_against_other_sessions(tmp_path):
     for bad in ("20", "-1"):
         with pytest.raises(SystemExit):
             parse_args(["--model_dir", str(tmp_path), "--no_api_key", "--nice", bad])
+
+
+# a backend that may not raise priorities (no CAP_SYS_NICE: what a non-root user has), started at nice 10
+NO_RAISING = ["setpriv", "--inh-caps=-sys_nice", "--bounding-set=-sys_nice", "nice", "-n", "10"]
+ASK_NICE_5 = """
+import os, subprocess, sys
+from cosy.deploy.backend import Child, parse_args
+try:
+    parse_args(["--model_dir", ".", "--no_api_key", "--nice", "5"])
+    print("parse_args: accepted")
+except SystemExit as e:
+    print("parse_args: exit", e.code)
+try:
+    Child([sys.executable, "-c", "pass"], dict(os.environ), nice=5).returncode()
+    print("Child: started")
+except (ValueError, subprocess.SubprocessError) as e:
+    print("Child:", type(e).__name__, e)
+"""
+
+
+@pytest.mark.skipif(not shutil.which("setpriv"), reason="needs util-linux's setpriv")
+def test_backend_nice_below_its_own_is_refused_with_the_reason():
+    """--nice lower than the backend's own nice value would raise vLLM's priority, which Linux allows only
+    with CAP_SYS_NICE (root) or RLIMIT_NICE: refused before anything starts, saying so, not with "Exception
+    occurred in preexec_fn" from the child."""
+    out = subprocess.run([*NO_RAISING, sys.executable, "-c", ASK_NICE_5], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert out.stdout.splitlines()[0] == "parse_args: exit 2", out.stdout + out.stderr
+    assert "--nice 5: this process runs at nice 10" in out.stderr and "CAP_SYS_NICE" in out.stderr, out.stderr
+    assert out.stdout.splitlines()[1].startswith("Child: ValueError nice 5: this process runs at nice 10"), out.stdout
+
+
+@pytest.mark.quick
+def test_priority_refusal_names_the_rule():
+    assert priority_refusal(5, current=0, lowest=20) is None  # lowering a priority is always allowed
+    assert priority_refusal(10, current=10, lowest=20) is None  # and keeping it
+    assert priority_refusal(5, current=10, lowest=-20) is None  # CAP_SYS_NICE (root)
+    assert priority_refusal(5, current=10, lowest=5) is None  # RLIMIT_NICE 15 (ulimit -e 15)
+    why = priority_refusal(5, current=10, lowest=20)
+    assert why.startswith("nice 5: this process runs at nice 10") and "ulimit -e" in why and "10 or more" in why
+    assert priority_refusal(2, current=10, lowest=6).endswith("ask for 6 or more, or start it at nice 2 or below")
 
 
 def test_app_and_its_workers_run_on_the_given_cpus(tiny_model_dir, tmp_path):

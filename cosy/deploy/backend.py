@@ -30,7 +30,15 @@ from pathlib import Path
 
 import torch
 
-from cosy.deploy.cpus import MAX_NICE, format_cpus, lower_priority, parse_cpus, pin, sleep_idle_threads
+from cosy.deploy.cpus import (
+    MAX_NICE,
+    format_cpus,
+    lower_priority,
+    parse_cpus,
+    pin,
+    priority_refusal,
+    sleep_idle_threads,
+)
 from cosy.deploy.gpu_memory import HEADROOM, gpu_total_bytes, kv_cache_bytes, memory_share, weight_bytes
 from cosy.deploy.hosts import is_loopback
 from cosy.deploy.temp_root import TempRoot
@@ -101,6 +109,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
             p.error(f"--cpus: {e}")
     if not 0 <= args.nice <= MAX_NICE:
         p.error(f"--nice {args.nice}: must be 0..{MAX_NICE}")
+    if args.nice and (why := priority_refusal(args.nice)):  # else the child fails in preexec_fn, unexplained
+        p.error(f"--{why}")
     return args, extra
 
 
@@ -163,9 +173,13 @@ def _die_with_parent() -> None:
 
 class Child:
     """vLLM's server process: its own session and process group, its log copied to our stderr with a tail
-    kept; `nice` > 0: at that CPU priority (set in the new session, so its autogroup gets it too)."""
+    kept; `nice` > 0: at that CPU priority (set in the new session, so its autogroup gets it too; ValueError
+    before anything starts when this process may not take it)."""
 
     def __init__(self, cmd: list[str], env: dict[str, str], nice: int = 0):
+        if nice and (why := priority_refusal(nice)):
+            raise ValueError(why)
+
         def before_exec() -> None:
             if sys.platform == "linux":
                 _die_with_parent()

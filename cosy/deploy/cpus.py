@@ -13,13 +13,15 @@ from __future__ import annotations
 import os
 from collections.abc import MutableMapping
 
-__all__ = ["allowed_cpus", "format_cpus", "lower_priority", "parse_cpus", "pin", "sleep_idle_threads", "usable_cores",
-           "worker_threads"]
+__all__ = ["allowed_cpus", "format_cpus", "lower_priority", "lowest_nice", "parse_cpus", "pin", "priority_refusal",
+           "sleep_idle_threads", "usable_cores", "worker_threads"]
 
 # The OpenMP variables that say how an idle thread waits; any of them set is the operator's choice.
 OPENMP_WAIT_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
 
 MAX_NICE = 19
+MIN_NICE = -20
+CAP_SYS_NICE = 23  # linux/capability.h: the capability to raise priorities
 
 
 def parse_cpus(text: str) -> list[int]:
@@ -104,15 +106,46 @@ def pin(text: str) -> list[int]:
     return cpus
 
 
+def lowest_nice() -> int:
+    """The lowest nice value (highest priority) this process may take: MIN_NICE with CAP_SYS_NICE (root),
+    else 20 - RLIMIT_NICE's soft limit (`ulimit -e`; 0 by default: no raising at all). Keeping or raising a
+    nice value is always allowed."""
+    try:
+        with open("/proc/self/status") as f:
+            caps = next(line.split()[1] for line in f if line.startswith("CapEff:"))
+        if int(caps, 16) >> CAP_SYS_NICE & 1:
+            return MIN_NICE
+    except (OSError, StopIteration, ValueError):  # no /proc (not Linux): root may, others may not
+        return MIN_NICE if os.geteuid() == 0 else MAX_NICE + 1
+    import resource
+    soft = resource.getrlimit(resource.RLIMIT_NICE)[0]
+    return MIN_NICE if soft == resource.RLIM_INFINITY else max(MIN_NICE, 20 - soft)
+
+
+def priority_refusal(n: int, current: int | None = None, lowest: int | None = None) -> str | None:
+    """Why this process cannot take nice value `n` (None: it can). A value below its `current` one (default:
+    its own) raises its priority, which Linux allows down to `lowest` only (default: `lowest_nice()`)."""
+    current = os.nice(0) if current is None else current
+    lowest = lowest_nice() if lowest is None else lowest
+    if n >= min(current, lowest):
+        return None
+    return (f"nice {n}: this process runs at nice {current}, and a lower nice value (a higher priority) needs "
+            f"CAP_SYS_NICE (root) or RLIMIT_NICE {20 - n} or more (ulimit -e): ask for {min(current, lowest)} "
+            f"or more, or start it at nice {n} or below")
+
+
 def lower_priority(n: int) -> None:
     """Give this process (and its future children) CPU priority nice `n` (0..19) against every other process.
 
     A plain nice value is not enough on Linux: with autogroups (`/proc/sys/kernel/sched_autogroup_enabled`)
     the scheduler first shares the CPU between sessions, and nice only orders processes inside one session, so
     a niced server started in its own session (as the backend starts vLLM) still gets half of a 2-core machine
-    against a frontend. The session's autogroup gets the same nice value (`/proc/self/autogroup`)."""
+    against a frontend. The session's autogroup gets the same nice value (`/proc/self/autogroup`). ValueError
+    (`priority_refusal`'s reason) for a value this process may not take."""
     if not 0 <= n <= MAX_NICE:
         raise ValueError(f"nice {n}: must be 0..{MAX_NICE}")
+    if why := priority_refusal(n):
+        raise ValueError(why)
     os.nice(n - os.nice(0))
     try:
         with open("/proc/self/autogroup", "w") as f:  # absent without autogroups, or off Linux
