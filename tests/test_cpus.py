@@ -38,14 +38,52 @@ def test_cpu_lists_parse_and_format():
 
 
 @pytest.mark.quick
-def test_worker_threads_take_omp_num_threads_else_a_share_of_the_cores(monkeypatch):
+def test_workers_share_omp_num_threads_else_the_cores(monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     assert worker_threads(1) == usable_cores() and worker_threads(10**6) == 1
-    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the operator's word, as torch takes it
-    assert worker_threads(1) == worker_threads(4) == 3
+    monkeypatch.setenv("OMP_NUM_THREADS", "8")  # the operator's total (a container platform's CPU limit)
+    assert (worker_threads(1), worker_threads(2), worker_threads(3), worker_threads(16)) == (8, 4, 2, 1)
     for junk in ("", "0", "-2", "two"):
         monkeypatch.setenv("OMP_NUM_THREADS", junk)
         assert worker_threads(1) == usable_cores()
+
+
+def test_each_worker_process_gets_its_share_of_omp_num_threads(tiny_model_dir, monkeypatch):
+    """OMP_NUM_THREADS is the total of a frontend's workers: each is started with its share in its environment
+    (its OpenMP and OpenBLAS size their pools from it as they load), as are OPENBLAS_NUM_THREADS and
+    MKL_NUM_THREADS where set; the frontend's own environment keeps the operator's values."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")
+    monkeypatch.setenv("MKL_NUM_THREADS", "6")
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    pool = WorkerPool(EngineSpec(str(tiny_model_dir)), workers=2).start()
+    try:
+        workers = psutil.Process().children()
+        envs = [w.environ() for w in workers if "spawn_main" in " ".join(w.cmdline())]
+        assert len(envs) == 2
+        assert [(e.get("OMP_NUM_THREADS"), e.get("MKL_NUM_THREADS"), e.get("OPENBLAS_NUM_THREADS")) for e in envs] \
+            == [("2", "3", None)] * 2
+        assert [pool.worker_spec(i).threads for i in range(2)] == [2, 2]
+    finally:
+        pool.close()
+    assert (os.environ["OMP_NUM_THREADS"], os.environ["MKL_NUM_THREADS"]) == ("4", "6")
+
+
+@pytest.mark.quick
+def test_onnx_sessions_take_half_of_this_processs_torch_threads():
+    """A worker's ONNX sessions (prompt encoding) follow its share of the cores (`torch.set_num_threads`, set
+    from `worker_threads` before its engine is built), not the machine's: N workers would each take half."""
+    import torch
+
+    from cosy.prompt.onnx_models import default_threads
+    before = torch.get_num_threads()
+    try:
+        got = []
+        for n in (1, 2, 6, 16):
+            torch.set_num_threads(n)
+            got.append(default_threads())
+        assert got == [1, 1, 3, 4]
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.mark.quick

@@ -11,11 +11,14 @@ the thread counts follow the cores a process may use (not the machine's count).
 from __future__ import annotations
 
 import os
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 
 __all__ = ["allowed_cpus", "format_cpus", "lower_priority", "lowest_nice", "parse_cpus", "pin", "priority_refusal",
-           "sleep_idle_threads", "usable_cores", "worker_threads"]
+           "sleep_idle_threads", "usable_cores", "worker_thread_env", "worker_threads"]
 
+# Thread counts that libraries read from the environment as they load, each the operator's total for a process
+# and the processes it starts: OpenMP's (torch, and OpenBLAS and MKL without their own), OpenBLAS's, MKL's.
+THREAD_COUNT_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 # The OpenMP variables that say how an idle thread waits; any of them set is the operator's choice.
 OPENMP_WAIT_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
 
@@ -67,14 +70,32 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) or 1
 
 
-def worker_threads(n_workers: int) -> int:
-    """Threads for each of `n_workers` processes sharing this process's cores: OMP_NUM_THREADS when it is set
-    (the operator's word, as torch itself takes it), else an equal share of the usable cores."""
+def _count(env: Mapping[str, str], name: str) -> int:
+    """A thread-count variable's value; 0 when unset or not a positive number."""
     try:
-        wanted = int(os.environ.get("OMP_NUM_THREADS", ""))
+        return max(int(env.get(name, "")), 0)
     except ValueError:
-        wanted = 0
-    return wanted if wanted > 0 else max(1, usable_cores() // n_workers)
+        return 0
+
+
+def worker_threads(n_workers: int) -> int:
+    """Threads for each of `n_workers` processes sharing this process's cores: an equal share of
+    OMP_NUM_THREADS when it is set (the operator's total: container platforms set it to the CPU limit), else
+    of the usable cores; at least 1."""
+    total = _count(os.environ, "OMP_NUM_THREADS") or usable_cores()
+    return max(1, total // n_workers)
+
+
+def worker_thread_env(threads: int, n_workers: int, env: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The thread-count variables for one of `n_workers` processes started from `env`, each computing with
+    `threads` threads: OMP_NUM_THREADS is `threads`, OPENBLAS_NUM_THREADS and MKL_NUM_THREADS (where set) an
+    equal share of their totals. A process's OpenMP, OpenBLAS and MKL size their pools from these as they load,
+    before its `torch.set_num_threads` can act: passed whole, N processes would each start the full count."""
+    out = {"OMP_NUM_THREADS": str(threads)}
+    for name in THREAD_COUNT_VARS[1:]:
+        if total := _count(env, name):
+            out[name] = str(max(1, total // n_workers))
+    return out
 
 
 def sleep_idle_threads(env: MutableMapping[str, str]) -> None:

@@ -16,7 +16,6 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from cosy.deploy.cpus import usable_cores
 from cosy.model.files import ModelDirError
 
 log = logging.getLogger(__name__)
@@ -29,8 +28,9 @@ MAX_TOKENIZER_FRAMES = 3000  # 30 s of 100 Hz Whisper frames: the encoder's posi
 
 
 def default_threads() -> int:
-    """Intra-op threads per session: half the cores (the rest run torch features and other requests), 1-4."""
-    return max(1, min(4, usable_cores() // 2))
+    """Intra-op threads per session: half of this process's torch threads (a frontend worker's share of the
+    cores; the rest run torch features and other requests), 1-4."""
+    return max(1, min(4, torch.get_num_threads() // 2))
 
 
 def _session(path: Path, threads: int, providers: list[str], gpu: int = 0) -> ort.InferenceSession:

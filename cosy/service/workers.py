@@ -24,11 +24,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from cosy.deploy.cpus import sleep_idle_threads, worker_threads
+from cosy.deploy.cpus import sleep_idle_threads, worker_thread_env, worker_threads
 from cosy.deploy.hosts import all_on_this_machine
 from cosy.errors import Busy, Cancelled, JobError, Unavailable
 from cosy.pipeline.request import SynthesisRequest
@@ -43,6 +44,27 @@ log = logging.getLogger(__name__)
 # before it sees the cancel) before it counts as stuck and is killed and restarted
 CANCEL_GRACE = 90.0
 SHUTTING_DOWN = ("ShuttingDown", "the server is shutting down; retry", 503, None)  # a job's error tuple
+
+
+_ENVIRON = threading.Lock()  # one `_environment` at a time
+
+
+@contextmanager
+def _environment(changes: dict[str, str]) -> Iterator[None]:
+    """os.environ with `changes` while a worker process starts: multiprocessing's spawn has no environment of
+    its own to give, and the worker's libraries read theirs (`worker_thread_env`) before any code of ours runs
+    there (its unpickling imports the parent's main module). Restored at once."""
+    with _ENVIRON:
+        saved = {name: os.environ.get(name) for name in changes}
+        os.environ.update(changes)
+        try:
+            yield
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
 
 
 class ShuttingDown(Unavailable):
@@ -122,7 +144,7 @@ class WorkerPool:
     def worker_spec(self, index: int) -> EngineSpec:
         """Worker `index`'s spec: its device from the pool's list (round-robin), its share of the cores."""
         spec = self.spec
-        threads = spec.threads or worker_threads(self.n_workers)  # OMP_NUM_THREADS, or a share of the cores
+        threads = spec.threads or worker_threads(self.n_workers)  # a share of OMP_NUM_THREADS, or of the cores
         return EngineSpec(**{**vars(spec), "threads": threads, "device": device_of_worker(spec.device, index)})
 
     def _spawn(self, ctx, index: int):
@@ -131,7 +153,8 @@ class WorkerPool:
         spec = self.worker_spec(index)
         proc = ctx.Process(target=worker_main, args=(spec, child, cancel, self.backend_health, self.worker_prepare),
                            daemon=True)
-        proc.start()
+        with _environment(worker_thread_env(spec.threads, self.n_workers)):
+            proc.start()
         child.close()
         if not parent.poll(self.start_timeout):
             raise RuntimeError("a synthesis worker did not start in time")
