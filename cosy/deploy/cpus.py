@@ -101,16 +101,15 @@ def worker_thread_env(threads: int, n_workers: int, env: Mapping[str, str] = os.
 def sleep_idle_threads(env: MutableMapping[str, str]) -> None:
     """Have the OpenMP threads of processes started with `env` sleep when they run out of work, not spin.
 
-    torch's OpenMP (libgomp) keeps a thread that reaches the end of a parallel region spinning on its core for
-    some 300,000 turns before it sleeps. A process alone on its cores gains from that (the next region starts
-    at once: a vLLM backend alone on 2 cores decodes 15-19 % more tokens/s spinning), but a vLLM backend and a
-    frontend's worker sharing cores, or an LM thread and the flow thread of one worker, each spin on the cores
-    the other needs. On 2 shared cores (bench/split_timeline.py, full-size model, a saved voice, one stream)
-    the first chunk took 13.2-14.2 s with both sides spinning, 11.1-11.5 s with one side's threads asleep and
-    10.4-12.3 s with both. Called for processes that share their cores with an LM (the backend with --nice or
-    on the loopback, the workers of a frontend whose LM is on this machine). libgomp reads the variable once,
-    when it loads: set it in the environment of a process before it imports torch. An operator's own setting
-    (OMP_WAIT_POLICY, GOMP_SPINCOUNT or KMP_BLOCKTIME) is kept."""
+    torch's OpenMP (libgomp) keeps a thread that reaches the end of a parallel region spinning on its core for some
+    300,000 turns before it sleeps. A process alone on its cores gains from that (the next region starts at once:
+    bench/lm_throughput.py --start_backend measures it), but a vLLM backend and a frontend's worker sharing cores,
+    or an LM thread and the flow thread of one worker, each spin on the cores the other needs, and a stream's first
+    chunk comes later (bench/split_timeline.py measures it). Called for processes that share their cores with an LM
+    (the backend with --nice or on the loopback, the workers of a frontend whose LM is on this machine). libgomp
+    reads the variable once, when it loads: set it in the environment of a process before it imports torch. An
+    operator's own setting (OMP_WAIT_POLICY, GOMP_SPINCOUNT or KMP_BLOCKTIME) is kept.
+    """
     if not any(name in env for name in OPENMP_WAIT_VARS):
         env["OMP_WAIT_POLICY"] = "PASSIVE"
 

@@ -3,8 +3,8 @@
 As each of Gradio's component classes is defined, `ComponentMeta.__new__` calls
 `gradio.component_meta.create_or_modify_pyi`: it reads and parses the class's own source file and rewrites the
 .pyi stub beside it (in site-packages, or fails quietly where that is read-only). The stubs serve editors; they
-ship in the wheel and nothing reads them at run time, and there is no switch to turn the pass off. It was 1.4 of
-an app's 6.2 CPU s of start-up (py-spy, tiny model, this project's 2-core CI machine).
+ship in the wheel and nothing reads them at run time, and there is no switch to turn the pass off. It is a large part of
+an app's start-up (`python bench/startup.py --app` measures it).
 
 `skip_stub_pass()`, called before Gradio is first imported in a process, puts a one-shot import hook in front of
 the others: when `gradio.component_meta` has run, and before any component class exists, the function is swapped

