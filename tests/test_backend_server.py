@@ -23,8 +23,8 @@ import httpx
 import openai
 import pytest
 import torch
-from safetensors import safe_open
 from conftest import PEAKED_BIAS, copy_lm_files, launched_backend
+from safetensors import safe_open
 from servers import BACKEND, READY, Backend, free_port
 
 from cosy.deploy import backend as backend_launcher
@@ -289,10 +289,27 @@ def test_models_health_and_auth(backend):
     assert httpx.get(f"{backend.url}/models", headers={"Authorization": "Bearer wrong"}).status_code == 401
 
 
-def test_cpu_engine_core_is_forked_without_unused_modules(backend):
+def held(pid: int) -> dict[int, tuple[str, int]]:
+    """The sockets and pipes process `pid` holds: fd -> (its inode, as /proc names it, and its access mode: the two
+    ends of a pipe share the inode)."""
+    out = {}
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            flags = int(Path(f"/proc/{pid}/fdinfo/{fd}").read_text().split("flags:")[1].split()[0], 8)
+        except (OSError, IndexError):  # closed meanwhile
+            continue
+        if target.startswith(("socket:", "pipe:")):
+            out[int(fd)] = (target, flags & os.O_ACCMODE)
+    return out
+
+
+def test_cpu_engine_core_is_forked_without_unused_modules_or_the_servers_descriptors(backend):
     """cosy.vllm_plugin.serve: the engine core is forked from the API server (inheriting its imports), not
     spawned (which re-imports vLLM and torch: 10 CPU s a start), and neither process loaded scikit-learn or a
-    torch add-on. A spawn shows as multiprocessing's resource tracker beside the engine."""
+    torch add-on. A spawn shows as multiprocessing's resource tracker beside the engine. The forked engine
+    holds none of the server's sockets and pipes (its listening socket, its event loop's, its ZeroMQ
+    sockets): only its stdout and stderr, and multiprocessing's own pipe ends between the two."""
     import psutil
 
     server, = psutil.Process(backend.proc.pid).children()
@@ -304,6 +321,13 @@ def test_cpu_engine_core_is_forked_without_unused_modules(backend):
         parts = [Path(m.path).parts for m in p.memory_maps() if "site-packages" in m.path]
         loaded = {ps[ps.index("site-packages") + 1] for ps in parts}  # the packages whose libraries it mapped
         assert "torch" in loaded and not {d for d in loaded if d.startswith(unused)}, (p.name(), sorted(loaded))
+    engine, = children
+    assert not [c for c in engine.net_connections("inet") if c.status == psutil.CONN_LISTEN
+                and c.laddr.port == backend.port]  # the server's port: held by a live engine of a dead server
+    mine, its = held(engine.pid), held(server.pid)
+    stdio = {mine.get(1), mine.get(2)}
+    shared = {fd: what for fd, what in mine.items() if what in its.values() and what not in stdio}
+    assert not shared, (shared, mine, its)
 
 
 @pytest.fixture(scope="module")
