@@ -17,8 +17,8 @@ from cosy.lm import SpeechLM, decode_batch
 from cosy.lm.decode_batch import BatchedLM, _Row, decode_step
 from cosy.lm.fixed_length import FixedLengthLM
 
-# a batched step's logits vs the solo step's: float rounding (a few 1e-6 on the tiny model's logits of about 10);
-# a row that reads another row's cache or position is off by whole units
+# a batched step's logits vs the solo step's: float rounding, well inside this; a row that reads another row's
+# cache, query or position is off by whole units
 TOL = 1e-4
 
 

@@ -131,10 +131,10 @@ def engine_context(startup: Collection[int]) -> multiprocessing.context.BaseCont
 def fork_engine_core() -> None:
     """On the CPU with the model inside the engine process (VLLM_ENABLE_V1_MULTIPROCESSING=0, what
     `cosy.deploy.backend` sets), start that process by fork, not spawn: it then inherits this process's
-    imports of vLLM and torch instead of doing them again (a start on the tiny model: 16.7 instead of 27.1
-    CPU s, `bench/startup.py --backend`; the forked engine's pages are shared with this process's until
-    written). vLLM's CPU platform forces spawn for its multiprocess executor, whose workers must set up
-    OpenMP before torch loads; with the uniprocess executor there are no such workers.
+    imports of vLLM and torch instead of doing them again (`bench/startup.py --backend` measures the start;
+    the forked engine's pages are shared with this process's until written). vLLM's CPU platform forces spawn
+    for its multiprocess executor, whose workers must set up OpenMP before torch loads; with the uniprocess
+    executor there are no such workers.
 
     The fork is safe only while this process runs no other thread and no torch computation before it (the
     child would inherit held locks, or an OpenMP pool without its threads): checked at the fork
