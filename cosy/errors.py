@@ -68,6 +68,13 @@ class UnsupportedMedia(BadRequest):
     status = 415
 
 
+class Unprocessable(BadRequest):
+    """The request is well-formed, but this model cannot serve it as asked (422); the message says what to
+    change (another seed, another mode) for it to be served."""
+
+    status = 422
+
+
 class Busy(CosyError):
     """Every slot and queue place is taken (429): retry after `retry_after` seconds."""
 

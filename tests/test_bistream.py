@@ -59,6 +59,39 @@ def test_fill_and_refeed_rules_are_exercised():
     assert refeeds >= 8
 
 
+class Scripted:
+    """A StepBackend that yields the given tokens for each call of `run`, in order (no network)."""
+
+    def __init__(self, *runs: list[int]):
+        self.runs = list(runs)
+
+    def run(self, block, history, max_new, mask_eos, stop):
+        for token in self.runs.pop(0):
+            yield token
+            if token in stop:
+                return
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("text,runs,token", [
+    ([1, 2, 3], [[10, CV2.tokens.fill]], 6563),  # too little text to stream: the final decode emits the fill
+    ([1, 2, 3, 4, 5], [[10, 6562]], 6562),  # a stop token while the text streams (eos is masked there)
+], ids=["fill_after_the_end", "stop_mid_text"])
+def test_a_refused_token_is_a_typed_error_that_says_what_to_do(text, runs, token):
+    """The official's ValueError("should not get token N") as a 422 that names the mode, the token and what
+    to do instead, with the same status and message after the worker-process hop."""
+    from cosy.errors import JobError, Unprocessable
+    from cosy.lm.bistream import BistreamError
+    with pytest.raises(BistreamError) as caught:
+        list(decode([text], [], [], Scripted(*runs), CV2))
+    e = caught.value
+    assert isinstance(e, Unprocessable) and isinstance(e, ValueError) and e.status == 422
+    assert e.official == f"should not get token {token}" and e.token == token
+    for words in ("duplex synthesis failed", f"token {token}", e.official, "another seed", "send the text whole"):
+        assert words in str(e), str(e)
+    assert JobError.wire(e) == ("BistreamError", str(e), 422, None)
+
+
 @pytest.fixture(scope="module")
 def golden_backend(request):
     """A backend on the golden model (launched with the session's backends: conftest.SHARED_BACKENDS)."""

@@ -111,6 +111,7 @@ class OpenAISession(TaskSession):
 # the task protocol's codes in OpenAI's snake_case
 _CODES = {"InvalidParameter": "invalid_parameter", "InvalidMessage": "invalid_message", "InvalidTask": "no_session",
           "NotFound": "not_found", "IdleTimeout": "idle_timeout", "Throttling": "rate_limited",
-          "ServiceUnavailable": "unavailable", "InternalError": "internal_error", "Unauthorized": "unauthorized"}
+          "ServiceUnavailable": "unavailable", "InternalError": "internal_error", "Unauthorized": "unauthorized",
+          "UnprocessableRequest": "unprocessable_request"}
 
 __all__ = ["OpenAIDialect", "OpenAISession", "SessionConfig"]

@@ -51,8 +51,8 @@ class TaskFailed(Exception):
 
 
 def error_code(e: CosyError) -> str:
-    return {400: "InvalidParameter", 401: "Unauthorized", 404: "NotFound", 429: "Throttling",
-            503: "ServiceUnavailable"}.get(e.status, "InternalError")
+    return {400: "InvalidParameter", 401: "Unauthorized", 404: "NotFound", 422: "UnprocessableRequest",
+            429: "Throttling", 503: "ServiceUnavailable"}.get(e.status, "InternalError")
 
 
 def event(name: str, task_id: str, payload: dict | None = None, **header) -> str:

@@ -14,7 +14,7 @@ Text arrives in pieces (lists of text ids). The control flow below is written on
 4. When the text ends: [the block that produced the last fill (fed again, as the official does), the rest of
    the text, task_id] (before any decoding: the first input + rest of text + task_id; unplaced prompt speech
    is dropped), then decoding without the eos mask until eos. 6562 (and 6563 in the final decode) raise
-   `BistreamError`, as the official's ValueError.
+   `BistreamError` (a 422 `cosy.errors.Unprocessable` that says what to do), as the official's ValueError.
 
 CosyVoice3 (`ModelFamily.bistream_prefix_end`): the prompt text up to and including `<|endofprompt|>` (its system
 prompt) joins the first input right after sos, unmixed; the rest of the prompt text starts the text stream.
@@ -27,13 +27,26 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from cosy.errors import Unprocessable
 from cosy.model.family import ModelFamily
 
 KINDS = ("sos", "task_id", "prompt_text", "text", "prompt_speech", "speech")
 
 
-class BistreamError(ValueError):
-    """The LM produced a token the official bistream decoding rejects (`should not get token N`)."""
+class BistreamError(Unprocessable):
+    """The LM produced a token the official bistream decoding rejects (its ValueError `should not get token
+    N`, kept as `official`): the request's text and seed cannot be spoken duplex (422, the message says what to
+    do instead). Seeded decoding repeats it; a whole-text request decodes otherwise and is not affected."""
+
+    def __init__(self, token: int, where: str):
+        self.token = token
+        self.official = f"should not get token {token}"
+        super().__init__(
+            f"duplex synthesis failed: the model produced token {token} {where}, which text-in streaming "
+            f"(bistream) decoding does not allow (the official CosyVoice stops there too: '{self.official}'); "
+            "the audio sent before this error is incomplete. The same text, voice and seed fail the same way "
+            "again: retry with another seed (or none), or send the text whole (not duplex: the HTTP APIs), "
+            "which decodes each sentence without text streaming")
 
 
 @dataclass(frozen=True)
@@ -127,7 +140,7 @@ def decode(pieces: Iterable[Sequence[int]], prompt_text: Sequence[int], prompt_s
                 break
             out.append(token)
             if token >= family.tokens.size:
-                raise BistreamError(f"should not get token {token}")
+                raise BistreamError(token, "(a stop token) while the text was still streaming in")
             produced = token
             yield token
         else:  # forced fill: the official fed `produced` (its forward's output is replaced by the fill)
@@ -150,7 +163,8 @@ def decode(pieces: Iterable[Sequence[int]], prompt_text: Sequence[int], prompt_s
         if token == eos:
             return
         if token in stop or token >= family.tokens.size:
-            raise BistreamError(f"should not get token {token}")
+            what = "the text-streaming fill token" if token == fill else "a stop token other than the end"
+            raise BistreamError(token, f"({what}) after the text's end")
         yield token
 
 

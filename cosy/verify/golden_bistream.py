@@ -120,7 +120,7 @@ def run_case(case: dict, steps, family: ModelFamily | None = None) -> dict:
                             max_final=b["final_cap"], out_tokens=out):
             yielded.append(token)
     except BistreamError as e:
-        end = f"ValueError: {e}"
+        end = f"ValueError: {e.official}"
     if end == "cap" and out and out[-1] == family.tokens.eos:
         end = "eos"
     return {"yielded": yielded, "out_tokens": out, "end": end, "positions": rec.positions}
