@@ -22,34 +22,18 @@ HTTP_API = ROOT / "cosy" / "frontend" / "http_api.py"
 BACKEND_SRC = ROOT / "cosy" / "deploy" / "backend.py"
 ROLES = ("backend", "frontend")
 
-# Builds each program's parser without running it: argparse.ArgumentParser.parse_args is replaced by one that
-# hands the parser back, so nothing after parsing (device checks, key files) runs. Prints JSON per role: the
-# option strings, the defaults by dest, and the help text.
+# Each program's parser (its `build_parser()`: nothing after parsing runs, no device checks, no key files), in a
+# fresh process. Prints JSON per role: the option strings, the defaults by dest, and the help text.
 _PARSERS_SCRIPT = r"""
-import argparse, json, sys
-
-class Got(Exception):
-    def __init__(self, parser):
-        self.parser = parser
-
-def grab(self, args=None, namespace=None):
-    raise Got(self)
-
-argparse.ArgumentParser.parse_args = grab
-out = {}
+import json, sys
 from cosy.deploy import backend
-from cosy.frontend import server
-for role, call in (("backend", lambda: backend.parse_args([])), ("frontend", lambda: server.parse_args([]))):
-    try:
-        call()
-    except Got as g:
-        p = g.parser
-        out[role] = {"flags": sorted(s for a in p._actions for s in a.option_strings),
-                     "defaults": {a.dest: a.default for a in p._actions
-                                  if isinstance(a.default, (int, float, str, type(None)))},
-                     "help": p.format_help()}
-    else:
-        raise SystemExit(f"{role}: parse_args did not call ArgumentParser.parse_args")
+from cosy.frontend import options
+out = {}
+for role, p in (("backend", backend.build_parser()), ("frontend", options.build_parser())):
+    out[role] = {"flags": sorted(s for a in p._actions for s in a.option_strings),
+                 "defaults": {a.dest: a.default for a in p._actions
+                              if isinstance(a.default, (int, float, str, type(None)))},
+                 "help": p.format_help()}
 json.dump(out, sys.stdout)
 """
 

@@ -58,13 +58,21 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     if "--" in argv:
         i = argv.index("--")
         argv, extra = argv[:i], argv[i + 1:]
+    p = build_parser()
+    args = p.parse_args(argv)
+    return _checked(p, args, argv), extra
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """launch/backend.py's flags (the docs' flags reference is generated from this parser)."""
     p = argparse.ArgumentParser(prog="python launch/backend.py", description=__doc__.split("\n\n")[0],
                                 epilog="Arguments after `--` are passed to vLLM's server unchanged.")
     p.add_argument("--model_dir", required=True, help="CosyVoice2 or CosyVoice3 model directory (local path)")
     p.add_argument("--llm_variant", default=None,
                    help="LM checkpoint: default (llm.pt) or rl (CosyVoice3: llm.rl.pt, RL-tuned)")
-    p.add_argument("--host", default="0.0.0.0")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--host", default="0.0.0.0",
+                   help="address to listen on (a loopback address: only frontends of this machine can reach it)")
+    p.add_argument("--port", type=int, default=8000, help="port of the OpenAI-compatible server")
     p.add_argument("--api_key", default=os.environ.get(API_KEY_ENV),
                    help=f"key clients must send (default: ${API_KEY_ENV}); required unless --no_api_key")
     p.add_argument("--api_key_file", default=None,
@@ -80,16 +88,20 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--cpus", default=None,
                    help="CPU only: the CPU list vLLM runs on, its OpenMP threads one per listed CPU, e.g. 0 "
                         "(default: every CPU, $OMP_NUM_THREADS threads when set); on one machine "
-                        "with frontends give each its own cores (see README 'One machine')")
+                        "with frontends give each its own cores (docs: Deployment, One machine)")
     p.add_argument("--nice", type=int, default=0,
                    help=f"lower vLLM's CPU priority to this nice value (1..{MAX_NICE}), for one machine shared "
                         "with frontends: their flow work then comes first; 5 does it, 19 starves vLLM once the "
-                        "frontends are saturated (see README 'One machine')")
+                        "frontends are saturated (docs: Deployment, One machine)")
     p.add_argument("--max_num_seqs", type=int, default=None, help="16 on CPU, 64 on GPU by default")
     p.add_argument("--max_model_len", type=int, default=None, help="2048 on CPU, 4096 on GPU by default")
     p.add_argument("--cache_dir", default=None, help="writable export cache (default $COSY_CACHE or ~/.cache/cosy)")
     p.add_argument("--start_timeout", type=float, default=1800.0, help="seconds to wait for the server")
-    args = p.parse_args(argv)
+    return p
+
+
+def _checked(p: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str]) -> argparse.Namespace:
+    """The parsed flags checked together (p.error exits with a usage error naming the problem)."""
     if args.api_key_file is not None:
         from cosy.deploy.keyfile import KeyFileError, read_key_file
         if "--api_key" in argv:
@@ -111,7 +123,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         p.error(f"--nice {args.nice}: must be 0..{MAX_NICE}")
     if args.nice and (why := priority_refusal(args.nice)):  # else the child fails in preexec_fn, unexplained
         p.error(f"--{why}")
-    return args, extra
+    return args
 
 
 def vllm_command(args: argparse.Namespace, export_dir: Path, name: str, gpu: bool, extra: list[str],
