@@ -299,6 +299,108 @@ def test_gradio_client_bad_input_names_the_field_and_no_path(app, tmp_path):
     healthy(app)
 
 
+# --- one WebSocket message ----------------------------------------------------------------------------------
+
+
+def ws_url(app, path: str) -> str:
+    return app.url.rstrip("/").replace("http://", "ws://") + path
+
+
+def task_message(action: str, task_id: str, **payload) -> str:
+    return json.dumps({"header": {"action": action, "task_id": task_id, "streaming": "duplex"}, "payload": payload})
+
+
+class HealthWatch:
+    """GET /health over and over in a thread while a test runs: the slowest answer (an event loop held by
+    one message answers nothing)."""
+
+    def __init__(self, app):
+        import threading
+        self.url, self.slowest, self.answers = app.url.rstrip("/") + "/health", 0.0, 0
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=60) as c:
+            while not self.done.is_set():
+                start = time.monotonic()
+                assert c.get(self.url).status_code == 200
+                self.slowest, self.answers = max(self.slowest, time.monotonic() - start), self.answers + 1
+                time.sleep(0.02)
+
+    def __enter__(self) -> "HealthWatch":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.done.set()
+        self.thread.join(60)
+
+
+def test_one_websocket_message_cannot_hold_the_frontend(app):
+    """A DashScope continue-task of <!DOCTYPE and 400,000 blanks with enable_ssml held the event loop for
+    minutes (the start-of-document pattern backtracked quadratically, before the length check): it is now
+    refused at once by the 20,000-character limit, and one inside the limit by the SSML parser, while /health
+    answers throughout."""
+    import asyncio
+
+    import websockets
+
+    async def one(text: str) -> tuple[dict, float]:
+        async with websockets.connect(ws_url(app, "/api-ws/v1/inference"), additional_headers=AUTH,
+                                      max_size=None) as ws:
+            params = {"voice": "hostile-voice", "format": "wav", "sample_rate": 24000, "enable_ssml": True}
+            await ws.send(task_message("run-task", "t1", task_group="audio", task="tts", function="SpeechSynthesizer",
+                                       model="cosyvoice-v2", parameters=params, input={}))
+            assert json.loads(await asyncio.wait_for(ws.recv(), 60))["header"]["event"] == "task-started"
+            start = time.monotonic()
+            await ws.send(task_message("continue-task", "t1", input={"text": text}))
+            event = json.loads(await asyncio.wait_for(ws.recv(), 20))
+            return event["header"], time.monotonic() - start
+
+    with HealthWatch(app) as health:
+        time.sleep(0.2)
+        over, took_over = asyncio.run(one("<!DOCTYPE" + " " * 400_000))
+        inside, took_inside = asyncio.run(one("<!DOCTYPE" + " " * 19_990))
+        time.sleep(0.2)
+    assert over["event"] == "task-failed" and over["error_code"] == "InvalidParameter", over
+    assert "400009 characters; the limit is 20000" in over["error_message"], over
+    assert inside["event"] == "task-failed" and inside["error_message"].startswith("SSML line 1"), inside
+    assert took_over < 1.0 and took_inside < 1.0, (took_over, took_inside)
+    assert health.answers >= 5 and health.slowest < 1.0, (health.answers, health.slowest)
+    healthy(app)
+
+
+def test_a_websocket_message_over_the_protocols_size_is_closed_with_1009(app):
+    """The largest message the protocol allows (20,000 characters, each a JSON-escaped surrogate pair: 12
+    bytes) is read and answered; one of 2 MiB is closed at once with 1009 (message too big), not read into
+    memory and parsed (uvicorn's default allows 16 MiB)."""
+    import asyncio
+
+    import websockets
+
+    async def run() -> tuple[dict, int, str]:
+        url = ws_url(app, "/api-ws/v1/audio/speech")
+        async with websockets.connect(url, additional_headers=AUTH, max_size=None) as ws:
+            params = {"mode": "cross_lingual_replication", "reference_audio_id": "hostile-voice"}
+            await ws.send(task_message("run-task", "t2", parameters=params, input={}))
+            assert json.loads(await asyncio.wait_for(ws.recv(), 60))["header"]["event"] == "task-started"
+            largest = json.dumps(json.loads(task_message("continue-task", "t2", input={"text": "😀" * 20_001})))
+            assert len(largest) > 240_000
+            await ws.send(largest)
+            answered = json.loads(await asyncio.wait_for(ws.recv(), 20))["header"]
+        async with websockets.connect(url, additional_headers=AUTH, max_size=None) as ws:
+            await ws.send(task_message("continue-task", "t3", input={"text": "x" * (2 << 20)}))
+            with pytest.raises(websockets.ConnectionClosed) as e:
+                await asyncio.wait_for(ws.recv(), 20)
+            return answered, e.value.rcvd.code, e.value.rcvd.reason
+
+    answered, code, reason = asyncio.run(run())
+    assert answered["event"] == "task-failed" and "20001 characters; the limit is 20000" in answered["error_message"]
+    assert code == 1009, (code, reason)
+    healthy(app)
+
+
 # --- the key stays secret ---------------------------------------------------------------------------------
 
 

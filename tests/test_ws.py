@@ -124,6 +124,10 @@ def test_pai_duplex_two_tasks_on_one_connection(stack, patient):
     (json.dumps({"header": {"action": "dance", "task_id": "t"}, "payload": {}}), "InvalidMessage", "unknown action"),
     (action("continue-task", "nope", "hi"), "InvalidTask", "run-task first"),
     (action("finish-task", "nope"), "InvalidTask", "run-task first"),
+    ("[" * 100_000 + "]" * 100_000, "InvalidMessage", "JSON"),  # nested too deeply: RecursionError
+    (json.dumps({"header": {"action": "d." * 100_000, "task_id": "t"}, "payload": {}}), "InvalidMessage",
+     "unknown action 'd.d.d."),
+    (action("continue-task", "t" * 100_000, "hi"), "InvalidParameter", "task_id is 100000 characters; at most 256"),
 ])
 def test_bad_messages_fail_and_connection_stays_usable(stack, send, code, words):
     async def main():
@@ -137,6 +141,7 @@ def test_bad_messages_fail_and_connection_stays_usable(stack, send, code, words)
     failed, unknown = asyncio.run(main())
     assert failed["header"]["event"] == "task-failed" and failed["header"]["error_code"] == code
     assert words in failed["header"]["error_message"]
+    assert len(json.dumps(failed)) < 600  # what was sent is quoted in part only
     assert unknown["header"]["event"] == "task-failed" and unknown["header"]["task_id"] == "t2"
     assert unknown["header"]["error_code"] == "NotFound" and "no-such-voice" in unknown["header"]["error_message"]
 
@@ -182,6 +187,47 @@ def test_bad_parameters_text_limit_and_disconnect(stack):
     assert out["empty"]["header"]["error_code"] == "InvalidParameter"
     assert "text is empty" in out["empty"]["header"]["error_message"]
     assert out["busy"] == 0
+
+
+def test_a_repeated_finish_task_is_ignored_and_the_audio_comes(stack):
+    """A second finish-task (or input.done) for a task that is finishing failed the task, and its audio never
+    came: it is ignored, as is one for the task that has just ended."""
+    async def pai():
+        async with websockets.connect(ws_url(stack), max_size=None) as ws:
+            await ws.send(run_task("f", stack.ref))
+            assert json.loads(await ws.recv())["header"]["event"] == "task-started"
+            await ws.send(action("continue-task", "f", "你好，世界。"))
+            await ws.send(action("finish-task", "f"))
+            await ws.send(action("finish-task", "f"))
+            events, audio = [], 0
+            while not events or events[-1]["header"]["event"] not in ("task-finished", "task-failed"):
+                e = json.loads(await asyncio.wait_for(ws.recv(), 300))
+                audio += len(e["payload"].get("output", {}).get("audio", {}).get("data", ""))
+                events.append(e)
+            await ws.send(action("finish-task", "f"))  # after task-finished: still nothing to say
+            await ws.send(action("continue-task", "f", "late"))
+            late = json.loads(await asyncio.wait_for(ws.recv(), 60))
+            return events, audio, late
+
+    async def openai_style():
+        async with websockets.connect(ws_url(stack, "/v1/audio/speech/stream"), max_size=None) as ws:
+            await ws.send(json.dumps({"type": "session.config", "voice": stack.ref, "response_format": "pcm"}))
+            assert json.loads(await ws.recv())["type"] == "session.created"
+            await ws.send(json.dumps({"type": "input.text", "delta": "你好，世界。"}))
+            await ws.send(json.dumps({"type": "input.done"}))
+            await ws.send(json.dumps({"type": "input.done"}))
+            events = []
+            while not events or events[-1]["type"] not in ("speech.audio.done", "error"):
+                events.append(json.loads(await asyncio.wait_for(ws.recv(), 300)))
+            return events
+
+    events, audio, late = asyncio.run(pai())
+    kinds = [e["header"]["event"] for e in events]
+    assert kinds[-1] == "task-finished" and set(kinds[:-1]) == {"result-generated"} and audio > 0, kinds
+    assert late["header"]["event"] == "task-failed" and late["header"]["error_code"] == "InvalidTask"
+    assert "continue-task for task 'f'" in late["header"]["error_message"]  # the repeat said nothing
+    events = asyncio.run(openai_style())
+    assert [e["type"] for e in events][-1] == "speech.audio.done" and len(events) > 1, events[-1]
 
 
 def test_idle_timeout(stack):

@@ -240,6 +240,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             stores.append((store.GRADIO_TEMP, gradio_api.RESULT_BOUNDS))
         pruner = store.Pruner(stores).start()
         from cosy.frontend import http_api
+        from cosy.frontend.ws_tasks import MAX_MESSAGE_BYTES
         ready = readiness(service, args.llm_base_url, args.llm_api_key)
         say(f"the LM takes {service.lm_max_len or 'an unknown number of'} tokens per request (text and "
             "transcript lengths are checked against it)")
@@ -253,8 +254,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         # X-Forwarded-For only from --trusted_proxies (cosy.frontend.proxies), not uvicorn's 127.0.0.1 default
         from cosy.frontend.proxies import ForwardedFor
         app = ForwardedFor(app, trusted=args.trusted_proxies)
+        # ws_max_size: a WebSocket message past what the task protocols need is refused (close 1009) as it
+        # arrives, not read into memory and parsed (uvicorn's default is 16 MiB)
         server = _Server(uvicorn.Config(app, proxy_headers=False, host=args.host, port=args.port, log_level="warning",
-                                        timeout_graceful_shutdown=5,
+                                        timeout_graceful_shutdown=5, ws_max_size=MAX_MESSAGE_BYTES,
                                         http=HeaderTimeoutProtocol.with_timeout(args.header_timeout)))
 
         def drain() -> None:

@@ -3,9 +3,10 @@ streams out, with the fields of `POST /v1/audio/speech` (`cosy.frontend.openai_a
 
 Client -> server (JSON text messages):
     {"type": "session.config", "voice": "<reference audio / saved voice id>", "instructions": "",
-     "response_format": "mp3" | "opus" | "aac" | "flac" | "wav" | "pcm", "speed": 1.0, "seed": null}
-    {"type": "input.text", "delta": "<more text>"}          any number
-    {"type": "input.done"}
+     "response_format": "mp3" | "opus" | "aac" | "flac" | "wav" | "pcm", "speed": 1.0, "seed": null,
+     "enable_ssml": false}
+    {"type": "input.text", "delta": "<more text>"}          any number (with enable_ssml: one, the whole document)
+    {"type": "input.done"}                                   (a repeated one is ignored)
 Server -> client:
     {"type": "session.created", "session_id", "voice", "response_format", "sample_rate"}
     {"type": "speech.audio.delta", "session_id", "audio": "<base64 of the next bytes of the file>"}
@@ -13,6 +14,8 @@ Server -> client:
      tokens at 25 Hz), "total_tokens"}}
     {"type": "error", "session_id", "error": {"code", "message"}}
 One utterance per session.config; after speech.audio.done (or an error) the next session.config starts another.
+enable_ssml: the one input.text is an SSML document (README "SSML"), checked when it arrives (an error names
+its line and column before any audio), as on the PAI and DashScope sockets.
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from cosy.errors import echo
 from cosy.frontend.encoding import FORMATS
 from cosy.frontend.speech_stream import SpeechRequest
 from cosy.frontend.ws_params import Dialect, TaskParams, _validated
@@ -37,6 +41,7 @@ class SessionConfig(BaseModel):
     response_format: Literal[FORMATS] = "mp3"
     speed: float = Field(1.0, ge=0.25, le=4.0)  # clamped to what the engine does, as the HTTP API
     seed: int | None = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
+    enable_ssml: bool = False  # the one input.text is an SSML document
 
 
 class OpenAIDialect(Dialect):
@@ -52,10 +57,12 @@ class OpenAIDialect(Dialect):
         synthesis = SynthesisRequest(mode="instruct" if instruct else "voice", voice_id=c.voice,
                                      instruct_text=instruct, speed=speed, seed=c.seed, stream=True, duplex=True)
         speech = SpeechRequest(synthesis, "openai", fmt=c.response_format, sample_rate=self.sample_rate)
-        return TaskParams(speech, False)
+        return TaskParams(speech, False, c.enable_ssml)
 
 
 class OpenAISession(TaskSession):
+    text_message = "input.text"
+
     async def handle(self, msg: dict) -> None:
         sid = self.task.id if self.task else ""
         if msg.get("text") is None:
@@ -63,7 +70,7 @@ class OpenAISession(TaskSession):
         try:
             body = json.loads(msg["text"])
             kind = body["type"]
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):  # RecursionError: JSON nested too deeply
             raise TaskFailed("invalid_message", 'a message must be JSON {"type": "session.config" | "input.text" | '
                              '"input.done", ...}', sid) from None
         if kind == "session.config":
@@ -73,6 +80,8 @@ class OpenAISession(TaskSession):
             await self.start_task(uuid.uuid4().hex, lambda: self.dialect.parse(body))
         elif kind in ("input.text", "input.done"):
             task = self.task
+            if kind == "input.done" and task is not None and task.finished:
+                return  # a repeated input.done: the session is finishing as asked
             if task is None or task.finished:
                 raise TaskFailed("no_session", f"{kind} without a session: send session.config first"
                                  if task is None else f"{kind} after input.done", sid)
@@ -82,9 +91,9 @@ class OpenAISession(TaskSession):
             elif not isinstance(body.get("delta"), str):
                 raise TaskFailed("invalid_parameter", "input.text needs delta (a string)", sid)
             else:
-                self.add_text(task, body["delta"])
+                await self.add_text(task, body["delta"])
         else:
-            raise TaskFailed("invalid_message", f"unknown type {kind!r}: use session.config, input.text or "
+            raise TaskFailed("invalid_message", f"unknown type {echo(kind)}: use session.config, input.text or "
                              "input.done", sid)
 
     async def started(self, task: Task) -> None:

@@ -10,7 +10,10 @@ function, model, parameters, input: {}}}, then any number of `continue-task` (pa
 `finish-task`. Server events (header.event, header.task_id): `task-started`, `result-generated` (the audio,
 payload.metrics), `task-finished` (payload.usage.characters), `task-failed` (header.error_code,
 header.error_message). Tasks run one after another on a connection; a bad message fails the task it names
-(or answers task-failed with an empty task_id) and leaves the connection usable. A client that disconnects
+(or answers task-failed with an empty task_id) and leaves the connection usable; a repeated finish-task is
+ignored (the task's audio still comes). A message is at most MAX_MESSAGE_BYTES (the server closes the
+connection with 1009, message too big, past it); a task's text at most MAX_TEXT_CHARS characters, checked
+before anything else reads it; an SSML document is parsed off the event loop. A client that disconnects
 cancels its task (the LM request is aborted, the worker slot freed). The dialects differ in how parameters
 are read (`cosy.frontend.ws_params`) and in DashScope's sentence events: result-generated sentence-begin /
 sentence-synthesis (before each audio frame) / sentence-end, following the normalized sentences as the LM
@@ -31,7 +34,7 @@ from dataclasses import replace
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from cosy.errors import BadRequest, CosyError, public_message
+from cosy.errors import BadRequest, CosyError, echo, public_message
 from cosy.frontend.reference_audio import ReferenceAudios
 from cosy.frontend.service import FrontendService
 from cosy.frontend.speech_stream import Piece, _in_thread, _pieces
@@ -42,6 +45,11 @@ from cosy.text.stream import Mark, Sentences
 
 log = logging.getLogger(__name__)
 IDLE_TIMEOUT = 60.0  # seconds without a client message while a task runs (or before the first task)
+# The largest message the protocols need (uvicorn's ws_max_size, `cosy.frontend.server`): a continue-task's
+# 20,000 characters (MAX_TEXT_CHARS) at 12 bytes each, a character outside the BMP written as a JSON-escaped
+# surrogate pair, is 240,000 bytes; the envelope and a 1,000-character instruction fit beside it many times.
+MAX_MESSAGE_BYTES = 1 << 20
+MAX_TASK_ID_CHARS = 256  # DashScope's and PAI's ids are UUIDs (32 or 36 characters); each event repeats it
 
 
 class TaskFailed(Exception):
@@ -79,6 +87,7 @@ class TaskSession:
         self.ws, self.service, self.refs, self.dialect = ws, service, refs, dialect
         self.idle_timeout = idle_timeout or getattr(service, "ws_idle_timeout", IDLE_TIMEOUT)
         self.task: Task | None = None
+        self.ended = ""  # the id of the last task that ended: a late repeat of its finish-task is ignored
         self.lock = asyncio.Lock()
         self.active = time.monotonic()  # the last client message or audio sent: the idle timer's start
 
@@ -152,58 +161,68 @@ class TaskSession:
             header = body["header"]
             action, task_id = header["action"], header.get("task_id") or ""
             payload = body.get("payload") or {}
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):  # RecursionError: JSON nested too deeply
             raise TaskFailed("InvalidMessage", "a message must be JSON {\"header\": {\"action\", \"task_id\", "
                              "\"streaming\": \"duplex\"}, \"payload\": {...}}") from None
         if not isinstance(task_id, str) or not isinstance(payload, dict):
             raise TaskFailed("InvalidMessage", "header.task_id must be a string and payload an object")
+        if len(task_id) > MAX_TASK_ID_CHARS:
+            raise TaskFailed("InvalidParameter", f"header.task_id is {len(task_id)} characters; at most "
+                             f"{MAX_TASK_ID_CHARS} (a UUID)")
         if action == "run-task":
             await self.run_task(task_id, payload)
         elif action in ("continue-task", "finish-task"):
             task = self.task
+            if action == "finish-task" and task_id and task_id == (task.id if task and task.finished else self.ended):
+                return  # a repeated finish-task: the task is finishing (or has ended) as asked
             if task is None or task.id != task_id:
                 running = f"the running task is {task.id!r}" if task else "no task runs: send run-task first"
                 raise TaskFailed("InvalidTask", f"{action} for task {task_id!r}, but {running}", task_id)
             if task.finished:
                 raise TaskFailed("InvalidTask", f"{action} after finish-task", task_id)
             if action == "continue-task":
-                self.continue_text(task, payload)
+                await self.continue_text(task, payload)
             else:
                 task.finished = True
                 task.text.put(None)
         else:
-            raise TaskFailed("InvalidMessage", f"unknown action {action!r}: use run-task, continue-task or "
+            raise TaskFailed("InvalidMessage", f"unknown action {echo(action)}: use run-task, continue-task or "
                              "finish-task", task_id)
 
-    def continue_text(self, task: Task, payload: dict) -> None:
+    async def continue_text(self, task: Task, payload: dict) -> None:
         inp = payload.get("input") if isinstance(payload.get("input"), dict) else {}
         text = inp.get("text")
         if text is None and inp.get("flush"):  # DashScope's flush: our text goes to the LM as it comes
             return
         if not isinstance(text, str):
             raise TaskFailed("InvalidParameter", "continue-task needs payload.input.text (a string)", task.id)
-        if task.params.ssml:
-            self.ssml_text(task, text)
-        self.add_text(task, text)
+        await self.add_text(task, text)
 
-    def ssml_text(self, task: Task, text: str) -> None:
-        """enable_ssml: the one continue-task holds the whole document, checked now (a 400's message with the
-        line and column fails the task before any audio)."""
-        if task.characters:
-            raise TaskFailed("InvalidParameter", "enable_ssml: the SSML document comes whole in one "
-                             "continue-task (as published); start a new task for more", task.id)
-        try:
-            _as_document(task.params, text).check()
-        except CosyError as e:
-            raise TaskFailed(error_code(e), str(e), task.id) from None
+    text_message = "continue-task"  # the message that carries text, for errors (the OpenAI style: input.text)
 
-    def add_text(self, task: Task, text: str) -> None:
-        task.characters += len(text)
-        if task.characters > MAX_TEXT_CHARS:
-            raise TaskFailed("InvalidParameter", f"the task's text is {task.characters} characters; the limit is "
+    async def add_text(self, task: Task, text: str) -> None:
+        """One piece of the task's text: its length first (nothing reads a text past the limit), then with
+        enable_ssml the document, checked off the event loop; then it goes to the worker."""
+        total = task.characters + len(text)
+        if total > MAX_TEXT_CHARS:
+            raise TaskFailed("InvalidParameter", f"the task's text is {total} characters; the limit is "
                              f"{MAX_TEXT_CHARS}: start a new task for more", task.id)
+        if task.params.ssml:
+            await self.ssml_text(task, text)
+        task.characters = total
         if text:
             task.text.put(text)
+
+    async def ssml_text(self, task: Task, text: str) -> None:
+        """enable_ssml: the one message holds the whole document, checked now (a 400's message with the line
+        and column fails the task before any audio), in a thread: parsing is CPU work."""
+        if task.characters:
+            raise TaskFailed("InvalidParameter", f"enable_ssml: the SSML document comes whole in one "
+                             f"{self.text_message} (as published); start a new task for more", task.id)
+        try:
+            await asyncio.to_thread(lambda: _as_document(task.params, text).check())
+        except CosyError as e:
+            raise TaskFailed(error_code(e), str(e), task.id) from None
 
     async def run_task(self, task_id: str, payload: dict) -> None:
         if not task_id:
@@ -285,6 +304,7 @@ class TaskSession:
                 await self.fail("InternalError", f"{type(e).__name__}: {e}", task.id)
         finally:
             await pieces.aclose()
+            self.ended = task.id
             if self.task is task:
                 self.task = None
 
@@ -320,4 +340,4 @@ def _ssml_pieces(service: FrontendService, refs: ReferenceAudios, params: TaskPa
         return
 
 
-__all__ = ["IDLE_TIMEOUT", "TaskSession", "event"]
+__all__ = ["IDLE_TIMEOUT", "MAX_MESSAGE_BYTES", "TaskSession", "event"]
