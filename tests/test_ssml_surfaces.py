@@ -1,8 +1,10 @@
 """SSML on every surface of a real HTTP stack (tests/http_stack.py: uvicorn, a worker pool on the tiny model):
 the PAI HTTP API (`input.enable_ssml`), OpenAI's route (`enable_ssml`), the PAI and DashScope WebSockets
-(`enable_ssml` in run-task, one continue-task; the real dashscope SDK's call()), gradio_client on a real app
-(`enable_ssml`; a raw call without it still works) and the CLI (`--ssml`): a break's silence is in the audio, every malformed document is a 400
-(or task-failed) naming its line and column before any audio, and plain text stays plain where SSML is off."""
+(`enable_ssml` in run-task, one continue-task; the real dashscope SDK's call()), the OpenAI-style socket
+(`enable_ssml` in session.config, one input.text), gradio_client on a real app (`enable_ssml`; a raw call
+without it still works) and the CLI (`--ssml`): a break's silence is in the audio, every malformed document
+is a 400 (or task-failed) naming its line and column before any audio, a document with nothing to speak is
+refused as plain text is, and plain text stays plain where SSML is off."""
 from __future__ import annotations
 
 import asyncio
@@ -47,8 +49,8 @@ def longest_zero_run(pcm: bytes) -> int:
     return best
 
 
-def _pai(stack, text: str, **options) -> httpx.Response:  # noqa: F811
-    body = {"model": "CosyVoice2-0.5B", "stream": False,
+def _pai(stack, text: str, stream: bool = False, **options) -> httpx.Response:  # noqa: F811
+    body = {"model": "CosyVoice2-0.5B", "stream": stream,
             "input": {"mode": "fast_replication", "text": text, "reference_audio_id": stack.ref, "seed": 3,
                       "output_format": "pcm", **options}}
     return httpx.post(f"{stack.url}/api/v1/audio/speech", json=body, timeout=300)
@@ -124,6 +126,72 @@ def test_pai_and_dashscope_sockets_take_one_ssml_document(stack):  # noqa: F811
     assert events[-1]["header"]["event"] == "task-finished" and longest_zero_run(audio) >= BREAK_MS * 24
 
 
+def _openai_ws(stack, config: dict, deltas: list[str]) -> tuple[list[dict], bytes]:  # noqa: F811
+    """session.config with `config`, the deltas, input.done: the events (audio deltas decoded) and the audio."""
+    import base64
+
+    async def main():
+        async with websockets.connect(stack.url.replace("http://", "ws://") + "/v1/audio/speech/stream",
+                                      max_size=None) as ws:
+            await ws.send(json.dumps({"type": "session.config", "voice": stack.ref, "response_format": "pcm",
+                                      "seed": 3, **config}))
+            assert json.loads(await ws.recv())["type"] == "session.created"
+            for d in deltas:
+                await ws.send(json.dumps({"type": "input.text", "delta": d}))
+            await ws.send(json.dumps({"type": "input.done"}))
+            events = []
+            while not events or events[-1]["type"] not in ("speech.audio.done", "error"):
+                events.append(json.loads(await asyncio.wait_for(ws.recv(), 300)))
+            return events, b"".join(base64.b64decode(e["audio"]) for e in events if "audio" in e)
+
+    return asyncio.run(main())
+
+
+def test_the_openai_socket_takes_enable_ssml(stack):  # noqa: F811
+    """session.config's enable_ssml (ignored before: the tags were read aloud): the one input.text is a
+    document, its break's silence in the audio; a malformed one is an error naming its place, before audio."""
+    events, audio = _openai_ws(stack, {"enable_ssml": True}, [DOC])
+    assert events[-1]["type"] == "speech.audio.done" and longest_zero_run(audio) >= BREAK_MS * 24
+    events, audio = _openai_ws(stack, {"enable_ssml": True}, ["<speak>x<break/></speak>"])
+    assert events[-1]["type"] == "error" and not audio
+    assert events[-1]["error"]["code"] == "invalid_parameter"
+    assert events[-1]["error"]["message"].startswith("SSML line 1, column 9: <break> needs a time")
+    events, _ = _openai_ws(stack, {"enable_ssml": True}, [DOC, "再见。"])
+    assert events[-1]["type"] == "error" and "comes whole in one input.text" in events[-1]["error"]["message"]
+    events, audio = _openai_ws(stack, {}, [DOC])  # without it: plain text (the tags are text)
+    assert events[-1]["type"] == "speech.audio.done" and longest_zero_run(audio) < BREAK_MS * 24
+
+
+NOTHING = ["<speak>。，！？</speak>", '<speak><break time="300ms"/>。</speak>', '<speak><break time="300ms"/></speak>',
+           '<speak><sub alias="！">x</sub></speak>']
+
+
+def test_a_document_with_nothing_to_speak_is_refused_as_plain_text_is(stack):  # noqa: F811
+    """`<speak>。，！？</speak>` gave 200 and an empty WAV (a <break> only its silence) where the same text
+    without SSML is a 400 "nothing to speak": the same rule for both, before any audio, on every surface."""
+    plain = _pai(stack, "。，！？")
+    assert plain.status_code == 400 and "nothing to speak" in plain.json()["error"]["message"], plain.text
+    pai = {"mode": "fast_replication", "reference_audio_id": stack.ref, "output_format": "pcm", "seed": 3,
+           "enable_ssml": True, "binary_audio": True}
+    dash = {"voice": stack.ref, "format": "pcm", "sample_rate": 24000, "enable_ssml": True}
+    for doc in NOTHING:
+        for stream in (False, True):
+            r = _pai(stack, doc, enable_ssml=True, stream=stream)
+            assert r.status_code == 400 and "nothing to speak" in r.json()["error"]["message"], (doc, stream, r.text)
+        body = {"model": "tts-1", "voice": stack.ref, "response_format": "wav", "input": doc, "enable_ssml": True}
+        r = httpx.post(f"{stack.url}/v1/audio/speech", json=body, timeout=300)
+        assert r.status_code == 400 and "nothing to speak" in r.json()["error"]["message"], (doc, r.text)
+        for path, params in (("/api-ws/v1/audio/speech", pai), ("/api-ws/v1/inference", dash)):
+            events, audio = _ws(stack, path, params, [{"action": "continue-task", "input": {"text": doc}},
+                                                      {"action": "finish-task"}])
+            header = events[-1]["header"]
+            assert header["event"] == "task-failed" and not audio, (doc, path, header)
+            assert header["error_code"] == "InvalidParameter" and "nothing to speak" in header["error_message"]
+            assert [e["header"]["event"] for e in events[:-1]] in ([], ["task-started"]), (doc, path, events)
+        events, audio = _openai_ws(stack, {"enable_ssml": True}, [doc])
+        assert events[-1]["type"] == "error" and "nothing to speak" in events[-1]["error"]["message"] and not audio
+
+
 def test_the_dashscope_sdks_call_with_ssml_and_with_plain_text(stack):  # noqa: F811
     """The SDK's call() sets enable_ssml on every call: SSML is read as SSML, plain text stays plain."""
     import dashscope
@@ -147,6 +215,12 @@ def test_gradio_client_and_cli_take_ssml(tiny_model_dir, tmp_path):
         assert longest_zero_run(sf.read(path, dtype="int16")[0].tobytes()) >= BREAK_MS * 24
         with pytest.raises(Exception, match="SSML line 1, column 1"):
             client.predict("你好", prompt, 3, 1.0, True, api_name="/cross_lingual")
+        # the message as it was written (it was HTML-escaped for every caller: "unknown tag &lt;p&gt;")
+        with pytest.raises(Exception, match="SSML line 1, column 8: unknown tag <p> "):
+            client.predict("<speak><p>x</p></speak>", prompt, 3, 1.0, True, api_name="/cross_lingual")
+        for doc in NOTHING[:2]:
+            with pytest.raises(Exception, match="nothing to speak"):
+                client.predict(doc, prompt, 3, 1.0, True, api_name="/cross_lingual")
         path = client.predict(DOC, prompt, 3, 1.0, api_name="/cross_lingual")  # the default: plain text
         assert longest_zero_run(sf.read(path, dtype="int16")[0].tobytes()) < BREAK_MS * 24
         # a raw call written before enable_ssml existed (four values) still speaks (cosy.frontend.gradio_compat)

@@ -8,7 +8,8 @@
 `/zero_shot`, `/cross_lingual`, `/instruct` and `/saved_voice` return a 24 kHz wav file (the client
 downloads it); `/save_voice` and `/list_voices` return JSON. Uploaded prompts are copied into the data
 dir (content-addressed), so every frontend sharing it sees them. Errors raise `gr.Error` with the
-service's message: the client raises it with that text, never with a stack trace.
+service's message: the client raises it with that text as written (not HTML-escaped: only the WebUI renders
+it as HTML), never with a stack trace.
 
 A caller that leaves (its event stream closed: a killed gradio_client, a raw `/gradio_api/call/<name>`
 whose GET is abandoned) cancels its job in the worker pool at once, queued or running: gradio itself only
@@ -44,8 +45,10 @@ atexit.register(store.remove_temp_root)
 
 
 @contextmanager
-def user_errors() -> Iterator[None]:
-    """Turn every failure into a `gr.Error` with a message fit for a user (never a stack trace)."""
+def user_errors(as_html: bool = True) -> Iterator[None]:
+    """Turn every failure into a `gr.Error` with a message fit for a user (never a stack trace). `as_html`:
+    the message is shown by the WebUI, which renders it as HTML, so markup it quotes (user input, SSML tags)
+    is escaped; the API endpoints' callers (gradio_client) get it as written."""
     try:
         yield
     except gr.Error:
@@ -53,9 +56,8 @@ def user_errors() -> Iterator[None]:
     except CosyError as e:
         if e.status >= 500:
             log.warning("answering %d: %s", e.status, e)
-        # never a server path or a backend's URL (public_message); the WebUI renders the message as HTML
-        # and it may quote user input
-        raise gr.Error(html.escape(public_message(str(e)), quote=False), print_exception=False) from None
+        message = public_message(str(e))  # never a server path or a backend's URL
+        raise gr.Error(html.escape(message, quote=False) if as_html else message, print_exception=False) from None
     except Exception:  # a bug or a broken worker: details go to the server log only
         log.exception("request failed")
         raise gr.Error("internal error while handling the request; the server log has the details",
@@ -188,7 +190,7 @@ def left_watch(blocks, request, api_name: str) -> Iterator[threading.Event | Non
 
 def _synthesize(service: FrontendService, mode: str, seed: object, speed: object, prompt_wav: object = None,
                 cancelled: threading.Event | None = None, **fields) -> FileData:
-    with user_errors(), refused_uploads_removed() as track:
+    with user_errors(as_html=False), refused_uploads_removed() as track:
         req = SynthesisRequest(mode=mode, prompt_wav=uploaded(service, prompt_wav, track),
                                seed=as_number(seed, "seed", int), speed=as_number(speed, "speed"), **fields)
         result = service.synthesize(req, "gradio_api", cancelled)
@@ -235,7 +237,7 @@ def register(service: FrontendService) -> None:
     def save_voice(voice_id: str, prompt_text: str, prompt_wav: FileData, request: gr.Request = None) -> dict:
         """Save prompt_wav and its transcript as voice voice_id, shared by every frontend on this data
         dir. Returns {voice_id, prompt_text, created_at}."""
-        with left_watch(blocks, request, "save_voice") as left, user_errors(), \
+        with left_watch(blocks, request, "save_voice") as left, user_errors(as_html=False), \
                 refused_uploads_removed() as track:
             return service.save_voice(voice_id, prompt_text, uploaded(service, prompt_wav, track),
                                       cancelled=left)
@@ -243,7 +245,7 @@ def register(service: FrontendService) -> None:
     def list_voices() -> list[dict]:
         """The saved voices, newest first: [{voice_id, prompt_text, created_at, family}] (family: the model
         family that saved it, e.g. cosyvoice2; a voice serves only models of its family)."""
-        with user_errors():
+        with user_errors(as_html=False):
             return service.list_voices()
 
     for fn in (zero_shot, cross_lingual, instruct, saved_voice, save_voice, list_voices):

@@ -4,6 +4,11 @@ list of pieces to normalize (text, sub aliases, say-as readings) and pieces take
     runs = spoken_runs(parse(doc), phoneme_tags=True)
     # [Run([("text", "请说"), ("tags", "[ch][óng][q][ìng]")]), Break(500), Run([("text", "好的")])]
 
+A run of plain text that is only punctuation or symbols (`cosy.text.split.is_only_punctuation`, the rule by
+which the normalizer drops such segments of plain text) has nothing to speak and is left out (the full stop
+after a break); a document left with no run to speak, breaks or not, is refused as plain text with nothing
+to speak is (a 400, before any audio).
+
 say-as readings (our rules; the language is the document's: Chinese if it holds any Chinese character):
 digits and telephone read digit by digit (Chinese 一二三, a telephone's 1 as 幺; English one two three),
 characters one by one; cardinal, date, time and currency are left to the normalizer, which reads numbers as
@@ -21,6 +26,7 @@ from dataclasses import dataclass, field
 from cosy.errors import BadRequest
 from cosy.text.normalize import contains_chinese
 from cosy.text.specials import PHONEMES
+from cosy.text.split import is_only_punctuation
 from cosy.text.ssml import Break, Phoneme, SayAs, Ssml, Text
 
 _ZH_DIGITS = "零一二三四五六七八九"
@@ -45,16 +51,22 @@ class Run:
     def text(self) -> str:
         return "".join(s for _, s in self.pieces)
 
+    @property
+    def silent(self) -> bool:
+        """Nothing to speak: plain text of blanks, punctuation and symbols only."""
+        return self.plain and is_only_punctuation(self.text.strip())
+
 
 def spoken_runs(doc: Ssml, phoneme_tags: bool) -> list[Run | Break]:
-    """The document as runs and pauses, in order (empty runs dropped); BadRequest when a <phoneme> cannot be
-    read by this family (`phoneme_tags`: its tokenizer has the phoneme tokens) or names no such token."""
+    """The document as runs and pauses, in order (runs with nothing to speak dropped); BadRequest when no run
+    is left to speak, or a <phoneme> cannot be read by this family (`phoneme_tags`: its tokenizer has the
+    phoneme tokens) or names no such token."""
     zh = contains_chinese(doc.text)
     out: list[Run | Break] = []
     run = Run()
     for item in doc.items:
         if isinstance(item, Break):
-            out += [run, item] if run.pieces else [item]
+            out += [run, item] if run.pieces and not run.silent else [item]
             run = Run()
         elif isinstance(item, Text):
             run.pieces.append(("text", item.text))
@@ -65,8 +77,11 @@ def spoken_runs(doc: Ssml, phoneme_tags: bool) -> list[Run | Break]:
                 raise BadRequest("<phoneme> needs a model whose tokenizer has phoneme tokens (CosyVoice3); this "
                                  "model reads text only: write the word as it sounds, or use <sub alias>")
             run.pieces.append(("tags", "".join(phoneme_tag(p, item.alphabet) for p in item.phones)))
-    if run.pieces:
+    if run.pieces and not run.silent:
         out.append(run)
+    if not any(isinstance(part, Run) for part in out):
+        raise BadRequest("the SSML document has nothing to speak: its text is only punctuation or symbols"
+                         + (" beside its breaks" if out else "") + " (as plain text, it would be refused the same)")
     return out
 
 
