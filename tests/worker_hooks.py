@@ -38,3 +38,22 @@ def unhurried_lm(engine) -> None:
             tokens.close()  # a cancelled request aborts the LM's work too
 
     engine.lm.generate = unhurried
+
+
+def take_lm(engine, n: int) -> None:
+    """Each `engine.lm.generate` call yields at most `n` tokens, then closes the stream (a backend aborts the
+    request), while the backend is asked for the request's own max_len, which it must accept: a test of what
+    is sent runs the real request without synthesizing all the audio a random LM would make."""
+    generate = engine.lm.generate
+
+    def taken(*args, **kwargs):
+        tokens = generate(*args, **kwargs)
+        try:
+            for i, token in enumerate(tokens):
+                if i >= n:
+                    return
+                yield token
+        finally:
+            tokens.close()
+
+    engine.lm.generate = taken

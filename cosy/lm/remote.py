@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import base64
 import io
+import re
+import threading
 import time
 from collections.abc import Iterator
 from urllib.parse import urlsplit
@@ -22,7 +24,7 @@ import openai
 import torch
 from torch import Tensor
 
-from cosy.errors import Cancelled, Unavailable
+from cosy.errors import BadRequest, Cancelled, Unavailable
 from cosy.lm.sampling import SamplingParams
 from cosy.lm.watchdog import DEFAULT_QUEUE_TIMEOUT, DEFAULT_STALL_TIMEOUT, WATCHDOG
 from cosy.model.families.cosyvoice2 import FAMILY as COSYVOICE2
@@ -35,6 +37,19 @@ class BackendError(Unavailable, RuntimeError):
 
 class BackendUnavailable(BackendError):
     """Nothing was generated yet and the backend could not be used: another backend may take the request."""
+
+
+class TooLongForLM(BadRequest):
+    """The backend refused a request as longer than its context (`max_model_len`): the same request fails the
+    same way on any retry (400). The engine cuts its text to fit the context the backends report
+    (`cosy.pipeline.lm_input.fit_context`), so this comes only while none has reported one yet."""
+
+
+# how vLLM says a request does not fit its context: max_tokens over max_model_len, or the prompt over it
+_CONTEXT_REFUSAL = re.compile(r"max_model_len|maximum context length", re.IGNORECASE)
+# how often a backend whose context is not known yet (it did not answer) is asked again
+CONTEXT_RETRY_SECONDS = 10.0
+CONTEXT_ASK_TIMEOUT = 5.0  # seconds for that answer: a request waits for it
 
 
 def encode_prompt_embeds(prompt_embeds: Tensor) -> str:
@@ -59,6 +74,21 @@ def _wrong_url_hint(base_url: str) -> str:
     return "no LM backend answers there: use the URL `launch/backend.py` printed (http://HOST:PORT/v1)"
 
 
+def _backend_reason(e: openai.APIStatusError) -> str:
+    """The message of a backend's error answer ({"error": {"message": ...}}), else the client's."""
+    body = e.body if isinstance(e.body, dict) else {}
+    error = body.get("error", body)
+    message = error.get("message") if isinstance(error, dict) else None
+    return str(message or e.message)
+
+
+def smallest_context(backends: list["RemoteLM"]) -> int | None:
+    """The context of a pool of backends: the smallest `context_length` among those known (a request must
+    fit whichever takes it); None while none is known."""
+    known = [n for b in backends if (n := b.context_length()) is not None]
+    return min(known) if known else None
+
+
 class RemoteLM:
     """One backend. Thread-safe: the openai client pools connections; requests share nothing else."""
 
@@ -79,11 +109,32 @@ class RemoteLM:
         self.connect_timeout, self.stall_timeout, self.queue_timeout = connect_timeout, stall_timeout, queue_timeout
         self.client = openai.OpenAI(base_url=self.base_url, api_key=api_key or "none", max_retries=0,
                                     timeout=httpx.Timeout(read_timeout, connect=connect_timeout))
+        self._context: int | None = None  # the backend's max_model_len, once it said
+        self._context_asked = float("-inf")  # when it was last asked (time.monotonic())
+        self._asking = threading.Lock()  # one request thread asks; the others go on without waiting
 
-    def check(self) -> None:
-        """Reachable, key accepted, and serving our llm.pt; else BackendError (Unavailable if unreachable)."""
+    def context_length(self) -> int | None:
+        """The most tokens (prompt and output) one request may hold: the `max_model_len` the backend lists for
+        our model in /v1/models, read by `check` or asked here (at most every CONTEXT_RETRY_SECONDS while the
+        backend does not answer); None while unknown."""
+        if (self._context is None and time.monotonic() - self._context_asked >= CONTEXT_RETRY_SECONDS
+                and self._asking.acquire(blocking=False)):
+            try:
+                self.check(timeout=CONTEXT_ASK_TIMEOUT)
+            except BackendError:
+                pass
+            finally:
+                self._asking.release()
+        return self._context
+
+    def check(self, timeout: float | None = None) -> None:
+        """Reachable, key accepted, and serving our llm.pt; else BackendError (Unavailable if unreachable).
+        `timeout`: for the answer (seconds; None: the client's read timeout)."""
+        self._context_asked = time.monotonic()
+        client = self.client if timeout is None else self.client.with_options(timeout=timeout)
         try:
-            served = [m.id for m in self.client.models.list().data]
+            models = client.models.list().data
+            served = [m.id for m in models]
         except openai.AuthenticationError:
             raise BackendError(f"the LM backend at {self.base_url} refused the API key (401): pass the key the "
                                "backend was started with (--llm_api_key)") from None
@@ -103,6 +154,10 @@ class RemoteLM:
             raise BackendError(f"the LM backend at {self.base_url} serves {', '.join(served) or 'nothing'}, but this "
                                f"frontend's llm.pt is {self.model}: start the backend on the same model "
                                "directory (a different or fine-tuned llm.pt would give wrong speech)")
+        ours = next(m for m in models if m.id == self.model)
+        context = getattr(ours, "max_model_len", None)  # vLLM's extra field
+        if isinstance(context, int) and context > 0:
+            self._context = context
 
     def _request(self, prompt_embeds: Tensor, min_len: int, max_len: int, seed: int, p: SamplingParams,
                  stop: list[int] | None = None, history: list[int] | None = None, logprobs: bool = False):
@@ -141,7 +196,9 @@ class RemoteLM:
                 raise BackendError(f"the LM backend at {self.base_url} answered 404 ({e.message}): "
                                    f"{_wrong_url_hint(self.base_url)}") from None
             except openai.BadRequestError as e:
-                raise BackendError(f"the LM backend at {self.base_url} rejected the request: {e.message}") from None
+                raise self._refused(e) from None
+            except openai.RateLimitError as e:  # busy (a router in front): another backend, or later, may take it
+                raise BackendUnavailable(f"the LM backend at {self.base_url} is busy ({e.message})") from None
             except openai.APITimeoutError:  # frozen or overloaded: waiting again here would only add stalls
                 raise BackendUnavailable(self._stalled(0)) from None
             except (openai.APIConnectionError, openai.InternalServerError) as e:
@@ -149,7 +206,19 @@ class RemoteLM:
                     raise BackendUnavailable(f"cannot reach the LM backend at {self.base_url} ({e})") from None
                 time.sleep(delay)
                 delay *= 2
+            except openai.APIStatusError as e:  # another 4xx (every 5xx is an InternalServerError)
+                raise self._refused(e) from None
         raise AssertionError("unreachable")
+
+    def _refused(self, e: openai.APIStatusError) -> Exception:
+        """A 4xx answer to a request: the same request would get it again, so never a retry-advised 503. Longer
+        than the context: a 400 saying so; anything else: ours to fix (500), with the backend's reason."""
+        reason = _backend_reason(e)
+        if _CONTEXT_REFUSAL.search(reason):
+            return TooLongForLM(f"the text is too long for the LM in one piece: the LM backend refused it ({reason}); "
+                                "shorten the text's sentences, or the prompt (prompt_text, prompt audio)")
+        return BackendError(f"the LM backend at {self.base_url} rejected the request ({e.status_code}): {reason}",
+                            status=500)
 
     def _stalled(self, produced: int, queued: bool = False) -> str:
         if queued:

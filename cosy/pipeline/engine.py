@@ -6,12 +6,14 @@
         play(chunk)   # (N,) float32 at engine.sample_rate
 
 Long text is normalized and split into sentences; each is synthesized in order with the same voice, and
-audio is yielded as soon as it is ready. The LM is anything with `SpeechLM.generate`'s signature: the
-embedded `SpeechLM` by default, or a pool of remote vLLM backends (`cosy.lm.pool`).
+audio is yielded as soon as it is ready. A sentence longer than the LM's context takes is cut to fit before
+anything is spoken (`cosy.pipeline.lm_input.fit_context`). The LM is anything with `SpeechLM.generate`'s
+signature: the embedded `SpeechLM` by default, or a pool of remote vLLM backends (`cosy.lm.pool`).
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import logging
 import random
@@ -33,14 +35,19 @@ from cosy.model.families.cosyvoice2 import FAMILY as COSYVOICE2
 from cosy.model.family import ModelFamily, import_object
 from cosy.model.files import ModelDir
 from cosy.model.precision import resolve_dtype, set_tf32
-from cosy.pipeline.lm_input import LMInput, lm_input, lm_prompt
-from cosy.pipeline.request import LM_DUPLEX_SEGMENT_TOKENS, SynthesisError, SynthesisRequest
+from cosy.pipeline.lm_input import LMInput, fit_context, lm_input, lm_prompt
+from cosy.pipeline.request import (
+    EMBEDDED_LM_MAX_LEN,
+    LM_DUPLEX_SEGMENT_TOKENS,
+    SynthesisError,
+    SynthesisRequest,
+)
 from cosy.pipeline.token2wav import FlowPrompt, Token2Wav, load_token2wav
 from cosy.prompt.encoder import PromptFeatures, VoicePromptEncoder
 from cosy.speech.scheduler import Batch
 from cosy.text.frontend import TextFrontend
-from cosy.text.ssml import Break
 from cosy.text.split import is_only_punctuation
+from cosy.text.ssml import Break
 from cosy.text.ssml_text import spoken_runs
 from cosy.text.stream import sentence_parts, stream_pieces
 from cosy.text.tokenizer import TextTokenizer
@@ -59,8 +66,11 @@ class Engine:
     """Text frontend, voice prompt encoder, LM and token2wav, shared by concurrent requests."""
 
     def __init__(self, text: TextFrontend, prompts: VoicePromptEncoder, lm: SpeechTokenLM, t2w: Token2Wav,
-                 prompt_embeds, family: ModelFamily = COSYVOICE2):
+                 prompt_embeds, family: ModelFamily = COSYVOICE2, lm_context: Callable[[], int | None] | None = None):
+        """`lm_context`: the most tokens one LM call may hold (the backends' max_model_len), asked per request;
+        None: unknown, the text's segments go as the official frontend makes them."""
         self.text, self.prompts, self.lm, self.t2w = text, prompts, lm, t2w
+        self.lm_context = lm_context or (lambda: None)
         self._prompt_embeds = prompt_embeds  # (text ids, prompt text ids, prompt speech tokens) -> (1, L, H)
         self.family = family  # prompt format and length limits
         # runs flow/HiFT work: (first_chunk, fn) -> fn(); a worker serving many requests at once sets
@@ -101,15 +111,18 @@ class Engine:
                                                    import_object(family.text_specials)), ttsfrd_dir)
         if llm_base_url:
             from cosy.lm.pool import connect  # the backend client (openai, httpx): only when there are backends
+            from cosy.lm.remote import smallest_context
             lm: SpeechTokenLM = connect(llm_base_url, llm_api_key,
                                         served_model_name(llm_fingerprint(md.path, variant=llm_variant), family),
                                         md.config.sampling, family=family, require_reachable=require_backend)
+            context = functools.partial(smallest_context, lm.backends)
             prompt_embeds = PromptEmbedder.from_model_dir(md, llm_variant)
             if first_chunk.wanted(llm_split_first_chunk, llm_base_url):
                 lm.embed_speech = prompt_embeds.speech
         else:
             lm = import_object(family.lm).from_model_dir(md, device=device, dtype=dtype, variant=llm_variant)
             prompt_embeds = lm.prompt_embeds
+            context = _embedded_context
         gpu = torch.device(device).index or 0  # the speech tokenizer's GPU, if onnxruntime has CUDA
         t2w = load_token2wav(md, device, dtype, cache_mb)
         if compile:
@@ -119,7 +132,7 @@ class Engine:
             if embedded is not None:
                 compiled.compile_lm(embedded)
             compiled.warm_up(t2w, embedded, rows=flow_batch)
-        return cls(text, VoicePromptEncoder(md, gpu=gpu), lm, t2w, prompt_embeds, family)
+        return cls(text, VoicePromptEncoder(md, gpu=gpu), lm, t2w, prompt_embeds, family, context)
 
     @property
     def sample_rate(self) -> int:
@@ -145,7 +158,11 @@ class Engine:
             yield from self._ssml(req, speech, flow_prompt, seed)
             return
         inputs = lm_input(self.text, self.family, req.mode, req.text, req.prompt_text, req.instruct_text, speech)
-        yield from self._speak(inputs, flow_prompt, req, seed)
+        yield from self._speak(self._fit(inputs), flow_prompt, req, seed)
+
+    def _fit(self, inputs: LMInput) -> LMInput:
+        """`inputs` cut to fit the LM's context (`fit_context`); SynthesisError if they never can."""
+        return fit_context(self.text, self.family, inputs, self.lm_context())
 
     def _speak(self, inputs: LMInput, flow_prompt: FlowPrompt, req: SynthesisRequest, seed: int,
                first: int = 0) -> Iterator[Tensor]:
@@ -169,10 +186,10 @@ class Engine:
         samples, at the document's rate (times req.speed) and gain."""
         doc = req.ssml_document()
         req = dataclasses.replace(req, speed=req.speed * doc.speed, ssml=False)
-        n = 0
+        parts: list[Break | LMInput] = []  # all of them first: what can never be spoken fails before any audio
         for part in spoken_runs(doc, self.family.phoneme_tags):
             if isinstance(part, Break):
-                yield torch.zeros(part.ms * self.sample_rate // 1000)
+                parts.append(part)
                 continue
             if part.plain and is_only_punctuation(part.text.strip()):  # blanks, or the full stop after a break
                 continue
@@ -183,6 +200,12 @@ class Engine:
                 prompt_ids, prompt_speech = lm_prompt(self.text, self.family, req.mode, req.prompt_text,
                                                       req.instruct_text, speech)
                 inputs = LMInput(prompt_ids, prompt_speech, self.text.tagged_segments(part.pieces))
+            parts.append(self._fit(inputs))
+        n = 0
+        for inputs in parts:
+            if isinstance(inputs, Break):
+                yield torch.zeros(inputs.ms * self.sample_rate // 1000)
+                continue
             for chunk in self._speak(inputs, flow_prompt, req, seed, n):
                 yield chunk * doc.volume if doc.volume != 1.0 else chunk
             n += len(inputs.segments)
@@ -309,6 +332,11 @@ class Engine:
                 close = getattr(tokens, "close", None)
                 if close:
                     close()
+
+
+def _embedded_context() -> int:
+    """The embedded LM's context: its documented limit, as the frontend's request checks count it."""
+    return EMBEDDED_LM_MAX_LEN
 
 
 def _run_here(first: bool, fn, batch=None):

@@ -7,6 +7,10 @@ prompt speech tokens and the text segments (each one LM call).
 | cross_lingual | none | system prompt + text (with a system prompt: one segment, not normalized) | none |
 | instruct | the instruction as the family wants it (`ModelFamily.instruct_prompt`) | normalized segments | none |
 
+A segment the LM cannot take in one call (its prompt, its text and the longest speech the family allows for
+it, `ModelFamily.length_limits`, over the LM's context) is cut to fit (`fit_context`); segments that fit stay
+the official ones.
+
 The system prompt is the family's (`ModelFamily.system_prompt`: CosyVoice3's
 "You are a helpful assistant.<|endofprompt|>", empty for CosyVoice2). Text holding `<|` and `|>` is neither
 normalized nor split (`TextFrontend.normalize`), which is why a CosyVoice3 prompt transcript is taken as typed.
@@ -16,8 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cosy.model.family import ModelFamily
-from cosy.pipeline.request import SynthesisError
+from cosy.pipeline.request import LM_FIXED_TOKENS, SynthesisError
 from cosy.text.frontend import TextFrontend
+from cosy.text.split import NoSplit, is_only_punctuation
 from cosy.text.tokenizer import ENDOFPROMPT_ID
 
 
@@ -71,4 +76,48 @@ def segments(text: TextFrontend, tts_text: str) -> list[tuple[str, list[int]]]:
     return out
 
 
-__all__ = ["LMInput", "lm_input", "lm_prompt", "segments"]
+def text_room(family: ModelFamily, available: int) -> int:
+    """The most text ids one LM call can hold in `available` positions: n ids take n + the longest speech
+    the family allows for them (`length_limits(n)[1]`, 20 per id officially). 0 when not even one fits."""
+    n = max(0, int(available // (1 + family.max_token_text_ratio)))
+    while n + 1 + family.length_limits(n + 1)[1] <= available:
+        n += 1
+    while n > 0 and n + family.length_limits(n)[1] > available:
+        n -= 1
+    return n
+
+
+def fit_context(text: TextFrontend, family: ModelFamily, inputs: LMInput, context: int | None) -> LMInput:
+    """`inputs` with every segment that does not fit one LM call of `context` tokens (the backend's
+    max_model_len: prompt and output) cut to fit (`TextFrontend.fit`), so that no call is refused; unchanged
+    when every segment fits or the context is unknown (None). SynthesisError (400) when the prompt leaves no
+    room, or a piece that cannot be cut does not fit: what is asked can never be spoken, before any audio."""
+    if not context:
+        return inputs
+    prompt = LM_FIXED_TOKENS + len(inputs.prompt_text) + len(inputs.prompt_speech)
+    room = text_room(family, context - prompt)
+    if all(len(ids) <= room for _, ids in inputs.segments):
+        return inputs
+    beside = (f"the voice prompt ({len(inputs.prompt_text)} text tokens of prompt_text or instruct_text, "
+              f"{len(inputs.prompt_speech)} speech tokens of the prompt audio)")
+    if room < 1:
+        raise SynthesisError(f"the LM has no room for text beside {beside}: one LM call holds at most {context} "
+                             "tokens (its max_model_len), prompt and speech included; use a shorter prompt_text "
+                             "or prompt audio")
+    out = []
+    for segment, ids in inputs.segments:
+        if len(ids) <= room:
+            out.append((segment, ids))
+            continue
+        try:
+            pieces = text.fit(segment, room)
+        except NoSplit as e:
+            raise SynthesisError(f"the text cannot be cut to fit the LM: {e.unit[:40]!r} alone is {e.tokens} text "
+                                 f"tokens, but beside {beside} one LM call has room for {room} (it holds at most "
+                                 f"{context} tokens, its max_model_len, with the speech of the text); use a "
+                                 "shorter prompt_text or prompt audio") from None
+        out += [(p, ids) for p in pieces if not is_only_punctuation(p.strip()) and (ids := text.encode(p))]
+    return LMInput(inputs.prompt_text, inputs.prompt_speech, out)
+
+
+__all__ = ["LMInput", "fit_context", "lm_input", "lm_prompt", "segments", "text_room"]

@@ -13,12 +13,15 @@ import logging
 from pathlib import Path
 
 from cosy.text.normalize import NumberSpeller, TtsfrdNormalizer, WetextNormalizer, contains_chinese, zh_rules
-from cosy.text.split import is_only_punctuation, split_paragraph
+from cosy.text.specials import COSYVOICE2
+from cosy.text.split import is_only_punctuation, split_paragraph, split_to_fit
 from cosy.text.tokenizer import TextTokenizer
 
 __all__ = ["TextFrontend"]
 
 log = logging.getLogger(__name__)
+
+END_OF_PROMPT = COSYVOICE2[0]  # "<|endofprompt|>": what precedes it in a text is a prompt (CosyVoice3's system prompt)
 
 
 def _ttsfrd_or_none(ttsfrd_dir: str | Path | None) -> TtsfrdNormalizer | None:
@@ -86,6 +89,15 @@ class TextFrontend:
         zh = contains_chinese(joined)
         parts = split_paragraph(joined, "zh" if zh else "en", None if zh else self._length)
         return [(p, self.encode(p)) for p in parts if not is_only_punctuation(p)]
+
+    def fit(self, segment: str, limit: int) -> list[str]:
+        """`segment` (normalized) cut into pieces of at most `limit` token ids, at the next-best boundaries
+        (`cosy.text.split.split_to_fit`); a prompt that ends in <|endofprompt|> at its start (CosyVoice3's
+        system prompt) begins every piece. NoSplit when a piece that cannot be cut does not fit."""
+        cut = segment.rfind(END_OF_PROMPT)
+        prompt = segment[:cut + len(END_OF_PROMPT)] if cut >= 0 else ""
+        room = limit - (self._length(prompt) if prompt else 0)
+        return [prompt + piece for piece in split_to_fit(segment[len(prompt):], self._length, room)]
 
     def segments(self, text: str) -> list[tuple[str, list[int]]]:
         """normalize(text) and the token ids of each segment."""

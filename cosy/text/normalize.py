@@ -7,6 +7,12 @@ segments end in " ." instead of the official " . .") and read digit-only text as
 "两千零二十四"). `WetextNormalizer` therefore runs wetext 0.0.4's pipeline itself over the bundled FSTs:
 tag, reorder (wetext's TokenParser), verbalize, nothing stripped, and only when the text has a digit.
 
+Bounded work: wetext's FSTs cost about 1 ms per character of English (2.5 ms per digit) and hold the
+interpreter while they run, so a worker's other requests stand still meanwhile. A digit run longer than any
+number (LONG_DIGITS) is read digit by digit, as both FSTs read such runs, without them; and once a text has
+had FST_FREE_SECONDS of FST time, each further piece is followed by a pause as long as it took, so the other
+requests of the process keep at least half of it while a number-heavy text is normalized.
+
 ttsfrd (not on PyPI) is used only when importable and given its resource directory.
 """
 from __future__ import annotations
@@ -15,11 +21,14 @@ import json
 import logging
 import re
 import threading
+import time
+import unicodedata
 from importlib.resources import files
 from pathlib import Path
 from typing import Callable
 
-__all__ = ["contains_chinese", "zh_rules", "NumberSpeller", "WetextNormalizer", "TtsfrdNormalizer"]
+__all__ = ["contains_chinese", "zh_rules", "read_long_digit_runs", "NumberSpeller", "WetextNormalizer",
+           "TtsfrdNormalizer"]
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +43,14 @@ TRAILING_COMMAS = re.compile(r"[，,、]+$")
 WHOLE_CHARS, PIECE_CHARS = 600, 200
 SENTENCE_CUT = re.compile(r"[.!?;:。！？；\n]\s*(?=[^\d\s])")
 CLAUSE_CUT = re.compile(r"(?:[，、,]\s*|\s+)(?=[^\d\s])")
+# both FSTs read a run of 16 digits or more digit by digit (en: "one two ... oh", zh: "幺二...零"; after a
+# decimal point: "point one two", "点一二"): such runs are read so here, without them
+LONG_DIGITS = 16
+LONG_DIGIT_RUN = re.compile(r"(?:(?<=\d)\.)?\d{%d,}" % LONG_DIGITS)
+DIGIT_WORDS = {"en": ("oh", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"),
+               "zh": tuple("零幺二三四五六七八九")}
+FRACTION_WORDS = {"en": ("point", DIGIT_WORDS["en"]), "zh": ("点", tuple("零一二三四五六七八九"))}
+FST_FREE_SECONDS = 1.0  # a text's FST time before it starts to give way (see the module doc)
 
 
 def contains_chinese(text: str) -> bool:
@@ -115,6 +132,24 @@ class NumberSpeller:
         return "".join(out)[:-1]
 
 
+def read_long_digit_runs(text: str, lang: str) -> str:
+    """`text` with each run of LONG_DIGITS or more digits read digit by digit in `lang` ("zh" or "en") as the
+    FSTs read such runs; an English reading keeps blanks between it and the words around it."""
+    blank = "" if lang == "zh" else " "
+
+    def read(m: re.Match) -> str:
+        run = m.group()
+        point, words = FRACTION_WORDS[lang] if run[0] == "." else ("", DIGIT_WORDS[lang])
+        spoken = blank.join(([point] if point else []) + [words[unicodedata.decimal(c)] for c in run.lstrip(".")])
+        if lang == "en":
+            before, after = text[m.start() - 1:m.start()], text[m.end():m.end() + 1]
+            spoken = (" " if before and not before.isspace() else "") + spoken + (
+                " " if after and not after.isspace() else "")
+        return spoken
+
+    return LONG_DIGIT_RUN.sub(read, text)
+
+
 def _last_cut(pattern: re.Pattern, window: str) -> int:
     """End of the last match of `pattern` in `window` (0 when none)."""
     ends = [m.end() for m in pattern.finditer(window)]
@@ -179,8 +214,16 @@ class WetextNormalizer:
             return text
 
     def __call__(self, text: str, lang: str) -> str:
-        """Normalize `text` with the `lang` ("zh" or "en") FSTs."""
-        return "".join(self._normalize_piece(piece, lang) for piece in _pieces(text))
+        """Normalize `text` with the `lang` ("zh" or "en") FSTs (long digit runs without them)."""
+        out, spent = [], 0.0
+        for piece in _pieces(read_long_digit_runs(text, lang)):
+            start = time.thread_time()  # this thread's CPU: the FSTs' work, not a wait for the lock
+            out.append(self._normalize_piece(piece, lang))
+            took = time.thread_time() - start
+            spent += took
+            if spent > FST_FREE_SECONDS:  # the other threads of the process get the interpreter as long
+                time.sleep(took)
+        return "".join(out)
 
 
 class TtsfrdNormalizer:
