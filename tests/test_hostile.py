@@ -232,6 +232,51 @@ def test_bad_uploads_and_fields_name_what_is_wrong(app):
     assert voices(app) == before
 
 
+def test_long_values_are_quoted_in_part_and_odd_numbers_are_a_400(app):
+    """A value an error names is quoted up to 80 characters (a 100,000-character id came back whole); a
+    bit rate of digits int() cannot read ('²', 5,000 digits) is a 400 naming it (was a 500); a raw gradio
+    call nested too deeply is a 400 (was a 500 from our middleware)."""
+    def speech(**inp):
+        body = {"model": "m", "stream": False, "input": {"mode": "fast_replication", "text": "你好",
+                                                         "reference_audio_id": "hostile-voice", **inp}}
+        return post(app, "/api/v1/audio/speech", json=body, headers=AUTH)
+
+    long_id = "v" * 100_000
+    for r in (speech(reference_audio_id=long_id),
+              post(app, "/v1/audio/speech", json={"model": "m", "voice": long_id, "input": "你好"}, headers=AUTH)):
+        msg = error(r, 400, "invalid reference audio id 'vvv")
+        assert len(msg) < 300, len(msg)
+    for rate in ("²", "9" * 5000, "1" * 20):
+        msg = error(speech(bit_rate=rate), 400, "bit_rate", "is not a bit rate")
+        assert len(msg) < 300, len(msg)
+    deep = b'{"data": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    r = post(app, "/gradio_api/call/saved_voice", content=deep, headers={"Content-Type": "application/json", **AUTH})
+    assert 400 <= r.status_code < 500, (r.status_code, r.text[:300])
+    healthy(app)
+
+
+def test_api_json_bodies_past_what_a_request_needs_are_refused(app):
+    """A JSON body on the speech routes is at most 1 MiB (20,000 characters at 12 bytes JSON-escaped fit):
+    a larger one is a 413 before it is read and parsed (one with a Content-Length at once, a chunked one
+    once it passes the bound); one at the bound is read and answered as usual."""
+    padded = json.dumps({"model": "m", "voice": "hostile-voice", "input": "😀" * 20_001}) + " " * 100_000
+    assert len(padded) > 300_000
+    error(post(app, "/v1/audio/speech", content=padded, headers={"Content-Type": "application/json", **AUTH}), 400,
+          "20001 characters; the limit is 20000")
+    big = b'{"model": "m", "voice": "hostile-voice", "input": "' + b"x" * (2 << 20) + b'"}'
+
+    def chunks():
+        for i in range(0, len(big), 1 << 16):
+            yield big[i:i + (1 << 16)]
+
+    for path in ("/v1/audio/speech", "/api/v1/audio/speech"):
+        for content in (big, chunks()):
+            msg = error(post(app, path, content=content, headers={"Content-Type": "application/json", **AUTH}), 413,
+                        "request body", "1 MiB")
+            assert len(msg) < 300
+    healthy(app)
+
+
 def test_a_nul_in_a_filename_is_not_stored(app):
     body = _multipart(b"XyZ", [("file", "my\x00voice\u202e.wav", ZS_WAV.read_bytes()),
                                ("text", None, ZS_TEXT.encode())])  # raw: httpx would percent-encode the NUL

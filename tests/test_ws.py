@@ -128,6 +128,8 @@ def test_pai_duplex_two_tasks_on_one_connection(stack, patient):
     (json.dumps({"header": {"action": "d." * 100_000, "task_id": "t"}, "payload": {}}), "InvalidMessage",
      "unknown action 'd.d.d."),
     (action("continue-task", "t" * 100_000, "hi"), "InvalidParameter", "task_id is 100000 characters; at most 256"),
+    (run_task("t", "x", bit_rate="²"), "InvalidParameter", "bit_rate '²' is not a bit rate"),  # int("²") fails
+    (run_task("t", "r" * 100_000), "InvalidParameter", "invalid reference audio id 'rrrr"),
 ])
 def test_bad_messages_fail_and_connection_stays_usable(stack, send, code, words):
     async def main():

@@ -22,7 +22,7 @@ from filelock import FileLock
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save
 
-from cosy.errors import BadRequest, Conflict, NotFound, storing
+from cosy.errors import BadRequest, Conflict, NotFound, echo, storing
 from cosy.prompt.encoder import PromptFeatures
 
 VOICE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -53,7 +53,7 @@ class Voice:
 def check_voice_id(voice_id: str) -> str:
     """Voice ids are 1-64 of [A-Za-z0-9_.-], not starting with '.', '_' or '-': safe as a file name."""
     if not isinstance(voice_id, str) or not VOICE_ID.fullmatch(voice_id) or ".." in voice_id:
-        raise VoiceError(f"invalid voice id {voice_id!r}: use 1-64 letters, digits, '_', '-' or '.', "
+        raise VoiceError(f"invalid voice id {echo(voice_id)}: use 1-64 letters, digits, '_', '-' or '.', "
                          "starting with a letter or digit")
     return voice_id
 

@@ -11,6 +11,9 @@ loaded and LM backend reachable, else 503 with the reason; no key, for load bala
 needs `Authorization: Bearer <key>` (or the bare key, as PAI-EAS clients send it), else 401. Errors have
 one JSON shape (cosy.frontend.api_routing).
 
+A JSON request body (every API route but the multipart upload) is at most MAX_BODY_BYTES: a larger one is a 413
+before it is read and parsed (uvicorn itself bounds no body).
+
 Routing with Gradio at "/": a root mount matches every path, so (1) `install` must run before Gradio is
 mounted (`cosy.frontend.server.build_app` does), and (2) `ApiGate`, a middleware that looks at each
 request before routing, answers the paths that
@@ -40,9 +43,12 @@ from cosy.frontend.reference_audio import ReferenceAudios
 from cosy.frontend.service import FrontendService
 from cosy.frontend.ws_openai import OpenAIDialect, OpenAISession
 from cosy.frontend.ws_params import DashScopeDialect, Dialect
-from cosy.frontend.ws_tasks import TaskSession
+from cosy.frontend.ws_tasks import MAX_MESSAGE_BYTES, TaskSession
 
 Ready = Callable[[], tuple[bool, str]]
+# a speech request's JSON: the same bound as one WebSocket message (20,000 characters of text at 12 bytes each,
+# JSON-escaped, fit with room to spare); the reference-audio upload (multipart) has its own limit
+MAX_BODY_BYTES = MAX_MESSAGE_BYTES
 
 
 def bearer_auth(api_key: str) -> Callable:
@@ -147,7 +153,13 @@ class ApiGate:
         for route in self.api_routes:
             match, _ = route.matches(scope)
             if match is Match.FULL:
-                return await self._counted(route.path.rstrip("/") or "/", scope, receive, send)
+                path = route.path.rstrip("/") or "/"
+                if _json_body(scope):
+                    receive = await _bounded_body(scope, receive, send, MAX_BODY_BYTES)
+                    if receive is None:
+                        self.metrics.answered(path, scope["method"], 413)
+                        return
+                return await self._counted(path, scope, receive, send)
             if match is Match.PARTIAL:
                 partial = partial or route
         if _served(self.outer.router.routes, scope, self._ours):
@@ -178,6 +190,45 @@ class ApiGate:
             await self.app(scope, receive, send_status)
         finally:
             self.metrics.answered(route, scope["method"], status)
+
+
+def _json_body(scope: Scope) -> bool:
+    """A request that may carry a body other than a multipart upload."""
+    if scope["method"] in ("GET", "HEAD", "DELETE", "OPTIONS"):
+        return False
+    content_type = next((v for k, v in scope["headers"] if k == b"content-type"), b"")
+    return not content_type.lower().startswith(b"multipart/")
+
+
+async def _bounded_body(scope: Scope, receive: Receive, send: Send, limit: int) -> Receive | None:
+    """A `receive` that replays the request's body, read here up to `limit` bytes; None once a 413 was
+    answered instead (by its Content-Length at once, else when the body passed the limit)."""
+    mib = f"{limit / 2**20:g} MiB"
+    length = next((v for k, v in scope["headers"] if k == b"content-length"), b"")
+    if length.isdigit() and int(length) > limit:
+        response = error_response(f"the request body is {int(length)} bytes; at most {mib} (a speech request's "
+                                  "JSON: 20,000 characters of text fit)", 413)
+        await response(scope, receive, send)
+        return None
+    messages, size = [], 0
+    while True:
+        message = await receive()
+        messages.append(message)
+        if message["type"] != "http.request":  # the client left: the route sees it as it would have
+            break
+        size += len(message.get("body", b""))
+        if size > limit:
+            response = error_response(f"the request body is larger than {mib} (a speech request's JSON: 20,000 "
+                                      "characters of text fit)", 413)
+            await response(scope, receive, send)
+            return None
+        if not message.get("more_body", False):
+            break
+
+    async def replay() -> Message:
+        return messages.pop(0) if messages else await receive()
+
+    return replay
 
 
 def install(app: FastAPI, service: FrontendService, *, api_key: str | None, ready: Ready) -> Metrics:

@@ -39,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
-from cosy.errors import BadRequest, CosyError, PayloadTooLarge
+from cosy.errors import BadRequest, CosyError, PayloadTooLarge, echo
 from cosy.frontend.api_routing import add_route, api_router, error_body, sse
 from cosy.frontend.encoding import FORMATS
 from cosy.frontend.reference_audio import PCM_DEFAULT_RATE, ReferenceAudios
@@ -79,14 +79,14 @@ def parse_bit_rate(value: object, where: str = "bit_rate") -> int | None:
         v = value.strip().lower()
         if v in BIT_RATES:
             return int(v[:-1]) * 1000
-        if v.isdigit():
+        if v.isascii() and v.isdigit() and len(v) <= 9:  # int() refuses '²' and 5,000 digits (a ValueError)
             value = int(v)
         else:
-            raise BadRequest(f"{where} {value!r} is not a bit rate: {allowed}")
+            raise BadRequest(f"{where} {echo(value)} is not a bit rate: {allowed}")
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or not BIT_RATE_RANGE[0] <= value <= BIT_RATE_RANGE[1]:
-        raise BadRequest(f"{where} {value!r} is not a bit rate: {allowed}")
+        raise BadRequest(f"{where} {echo(value)} is not a bit rate: {allowed}")
     return value
 
 

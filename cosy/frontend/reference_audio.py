@@ -25,7 +25,7 @@ import numpy as np
 from cosy.audio.io import MAX_PROMPT_SECONDS, check_samples
 from cosy.deploy.data_dir import upload_extension, write_atomic
 from cosy.deploy.voices import UnknownVoice, VoiceError, check_voice_id
-from cosy.errors import BadRequest, CosyError, NotFound, storing
+from cosy.errors import BadRequest, CosyError, NotFound, echo, storing
 from cosy.frontend.encoding import wav_bytes
 from cosy.frontend.service import FrontendService
 from cosy.pipeline.request import clean_filename
@@ -84,7 +84,7 @@ class ReferenceAudios:
         try:
             return self.service.data.voices.root / check_voice_id(ref_id)
         except VoiceError:
-            raise BadRequest(f"invalid reference audio id {ref_id!r}: ids are 1-64 letters, digits, '_', '-' "
+            raise BadRequest(f"invalid reference audio id {echo(ref_id)}: ids are 1-64 letters, digits, '_', '-' "
                              "or '.', starting with a letter or digit") from None
 
     def _object(self, voice: dict) -> dict:
@@ -102,7 +102,7 @@ class ReferenceAudios:
         try:
             voice = json.loads(path.read_text("utf-8"))
         except (OSError, ValueError):
-            raise NotFound(f"unknown reference audio (voice) id {ref_id!r}: GET /api/v1/audio/reference_audio "
+            raise NotFound(f"unknown reference audio (voice) id {echo(ref_id)}: GET /api/v1/audio/reference_audio "
                            "lists them") from None
         return self._object(voice)
 
@@ -115,7 +115,7 @@ class ReferenceAudios:
         try:
             self.service.delete_voice(ref_id)
         except UnknownVoice:
-            raise NotFound(f"unknown reference audio id {ref_id!r}") from None
+            raise NotFound(f"unknown reference audio id {echo(ref_id)}") from None
 
     def create(self, data: bytes, filename: str, text: str, pcm_rate: int = PCM_DEFAULT_RATE) -> dict:
         """Decode, compute features (queued like a synthesis), store; the new reference audio object."""
