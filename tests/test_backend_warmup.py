@@ -1,8 +1,7 @@
 """The backend's start-up warm-up (`cosy.deploy.backend.warmup_body`) takes the paths a first request would
 otherwise pay for: the duplex decode asks vLLM for a log-prob per token (`RemoteSteps` -> `RemoteLM.complete`
-with `logps`), and vLLM compiles its log-prob kernel on the first such request (the first WebSocket task
-after a start took 15.9 s, later ones 0.3 s; on the 2-core CPU the first log-prob request took 17-22 s
-after a plain greedy warm-up and 0.5 s after this one)."""
+with `logps`), and vLLM compiles its log-prob kernel on the first such request: the first WebSocket task
+after a start waited for that compilation, later ones did not."""
 from __future__ import annotations
 
 import base64

@@ -383,8 +383,8 @@ class HealthWatch:
 
 
 def test_one_websocket_message_cannot_hold_the_frontend(app):
-    """A DashScope continue-task of <!DOCTYPE and 400,000 blanks with enable_ssml held the event loop for
-    minutes (the start-of-document pattern backtracked quadratically, before the length check): it is now
+    """A DashScope continue-task of <!DOCTYPE and 400,000 blanks with enable_ssml held the event loop (the
+    start-of-document pattern backtracked quadratically, before the length check): it is now
     refused at once by the 20,000-character limit, and one inside the limit by the SSML parser, while /health
     answers throughout."""
     import asyncio

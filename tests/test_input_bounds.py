@@ -24,8 +24,7 @@ def _seconds(fn, arg: str) -> float:
 
 
 def _linear(fn, make, small: int = 10_000, big: int = 100_000) -> None:
-    """fn(make(big)) costs about ten times fn(make(small)), not a hundred (a quadratic scan: 0.2 s at 20k
-    characters, seconds per message at the WebSocket's limit)."""
+    """fn(make(big)) costs about ten times fn(make(small)), not a hundred (a quadratic scan)."""
     t_small = _seconds(fn, make(small))
     assert t_small < 0.02, t_small
     t_big = _seconds(fn, make(big))

@@ -250,8 +250,8 @@ def _request(url: str, api_key: str | None, body: dict | None = None, timeout: f
 def warmup_body(export_dir: Path, name: str, rows: int = 4) -> dict:
     """A 2-token greedy completion from a few random rows of the speech embedding, with a log-prob per token
     as the duplex decode asks for (`cosy.lm.bistream_steps.RemoteSteps`): vLLM compiles its log-prob kernel
-    on the first such request, so the first WebSocket task after a start waited for it (15.9 s; HTTP
-    requests ask for none), and now the start-up does."""
+    on the first such request, so the first WebSocket task after a start waited for it (HTTP requests ask
+    for none), and now the start-up does."""
     from safetensors import safe_open
 
     with safe_open(str(export_dir / WEIGHTS), framework="pt") as f:

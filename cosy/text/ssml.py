@@ -40,8 +40,8 @@ VOLUME_RANGE = (0, 100)  # 50: unchanged
 SAY_AS = ("cardinal", "digits", "telephone", "characters", "date", "time", "currency")
 ALPHABETS = ("py", "cmu")
 # the root, an XML declaration or a DOCTYPE (refused by the parser, with its place) after blanks; possessive
-# and without a scan to the head's end, so it is linear however many blanks follow (one WebSocket message
-# of <!DOCTYPE and 400,000 blanks held a frontend's event loop for minutes)
+# and without a scan to the head's end, so it is linear however many blanks follow (a pattern that looked
+# past a DOCTYPE backtracked quadratically on blanks, in the frontend's event loop)
 _SSML_START = re.compile(r"\s*+(?:<speak[\s/>]|<\?xml|<!DOCTYPE)")
 _TIME = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s)\s*")
 _ATTRIBUTES = {"speak": {"rate", "volume", "pitch", "version", "xmlns", "xml:lang"}, "break": {"time"},
