@@ -76,7 +76,8 @@ class SpeechScheduler:
         self._local = threading.local()
         self._closed = False
         self.ran = 0
-        threading.Thread(target=self._loop, daemon=True, name="speech-runner").start()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="speech-runner")
+        self._thread.start()
 
     def bind(self, request: LiveRequest) -> None:
         """The request the calling thread works for (its work items carry its priority)."""
@@ -106,10 +107,19 @@ class SpeechScheduler:
         with self._cond:
             return len(self._items)
 
-    def close(self) -> None:
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop the runner: queued work ends Cancelled, and the runner is waited for (`timeout` s), so no
+        thread of ours frees tensors while the interpreter finalizes (torch's C++ then aborts the process:
+        "terminate called without an active exception")."""
         with self._cond:
             self._closed = True
+            queued, self._items = self._items, []
             self._cond.notify_all()
+        for item in queued:
+            item.error = Cancelled()
+            item.done.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout)
 
     def _next(self) -> list[WorkItem] | None:
         with self._cond:

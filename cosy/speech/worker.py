@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from cosy.errors import Cancelled, JobError
 from cosy.pipeline.request import SynthesisRequest
@@ -17,6 +18,7 @@ from cosy.speech.request import LiveRequest
 from cosy.speech.scheduler import SpeechScheduler
 
 log = logging.getLogger(__name__)
+JOIN_TIMEOUT = 10.0  # s the worker waits for its cancelled jobs' threads before it exits
 
 
 def serve(engine, conn, flow_batch: int = 1) -> None:
@@ -27,6 +29,7 @@ def serve(engine, conn, flow_batch: int = 1) -> None:
     engine.speech_runner = scheduler.run
     send_lock = threading.Lock()
     live: dict[int, LiveRequest] = {}
+    threads: list[threading.Thread] = []
 
     def send(msg) -> None:
         with send_lock:
@@ -79,6 +82,14 @@ def serve(engine, conn, flow_batch: int = 1) -> None:
                 continue
             job_id, kind, payload = msg
             r = live[job_id] = LiveRequest(job_id, kind, payload)
-            threading.Thread(target=work, args=(r,), daemon=True, name=f"job-{job_id}").start()
+            threads = [t for t in threads if t.is_alive()]
+            threads.append(threading.Thread(target=work, args=(r,), daemon=True, name=f"job-{job_id}"))
+            threads[-1].start()
     finally:
+        # the process ends after this: no job thread may still hold tensors then (see SpeechScheduler.close)
+        for r in list(live.values()):
+            r.cancelled.set()
         scheduler.close()
+        deadline = time.monotonic() + JOIN_TIMEOUT
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
