@@ -3,8 +3,9 @@
 Every flag of the frontend that concerns synthesis works here too (`--model_dir`, `--data_dir` for saved
 voices, `--workers`, `--max_batch`, `--llm_base_url` for one or many backends, `--llm_api_key(_file)`,
 `--device`, `--dtype`, ...: `python app.py --help`); the ones that concern serving (`--port`, `--api_key`)
-are accepted and unused. Exit status: 0 when every line of this shard is done, 1 when some failed (see the
-results file), 2 when the run could not start or stopped early (the message says why).
+are accepted and unused. Exit status: 0 when every line of this shard (as the manifest is now) is done, 1
+when some failed (see the results file), 2 when the run could not start or stopped early (SIGTERM, Ctrl-C, an
+output folder it cannot write: the message says why; running the same command again goes on).
 """
 from __future__ import annotations
 
@@ -34,9 +35,11 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, argparse.Namesp
     p.add_argument("--progress", choices=("auto", "bar", "log"), default="auto",
                    help="a progress bar (on a terminal, the default) or a log line every 10 s")
     args, rest = p.parse_known_args(argv)
+    from cosy.pipeline.request import SAMPLE_RATE_RANGE, check_range
     try:
         args.shard = parse_shard(args.shard)
-    except ValueError as e:
+        check_range(args.sample_rate, "--sample_rate", *SAMPLE_RATE_RANGE, kind=int)
+    except ValueError as e:  # SynthesisError is a ValueError too
         p.error(str(e))
     if args.in_flight is not None and args.in_flight < 1 or args.retries < 0:
         p.error("--in_flight must be >= 1 and --retries >= 0")
@@ -70,22 +73,35 @@ def results_name(shard: tuple[int, int]) -> str:
 
 def main(argv: Sequence[str]) -> int:
     args, fe = parse_args(argv)
+    try:
+        return _run(args, fe)
+    except KeyboardInterrupt:  # before the run's own handler (loading the model, waiting for backends)
+        print("error: interrupted before any line was synthesized", file=sys.stderr, flush=True)
+        return 2
+
+
+def _run(args: argparse.Namespace, fe: argparse.Namespace) -> int:
     from cosy.batch.manifest import read_manifest
     from cosy.batch.progress import Progress
     from cosy.batch.results import Results
     from cosy.batch.runner import BatchRunner
+    from cosy.errors import CosyError
     from cosy.frontend.server import build_service, readiness, say
-    entries = read_manifest(args.manifest, args.shard, args.sample_rate)
     try:
-        results = Results(args.out, results_name(args.shard)).open()
+        entries = read_manifest(args.manifest, args.shard, args.sample_rate)
+    except OSError as e:
+        print(f"error: cannot read manifest {args.manifest}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    try:
+        results = Results(args.out, results_name(args.shard)).open(keep={e.key for e in entries})
     except OSError as e:
         print(f"error: cannot use --out {args.out}: {e}", file=sys.stderr)
         return 2
-    service = None
+    service = summary = None
     try:
         try:
             service = build_service(fe)
-        except (RuntimeError, ValueError, OSError) as e:  # ModelDirError is a ValueError
+        except (RuntimeError, ValueError, OSError, CosyError) as e:  # ModelDirError is a ValueError
             print(f"error: {e}", file=sys.stderr, flush=True)
             return 2
         problem = wait_ready(readiness(service, fe.llm_base_url, fe.llm_api_key))
@@ -94,24 +110,35 @@ def main(argv: Sequence[str]) -> int:
             return 2
         in_flight = args.in_flight or fe.workers * service.pool.max_batch + fe.workers
         runner = BatchRunner(service, results, in_flight, args.retries)
+        # both stop at once: the lines in flight are cancelled, the rest is left for the next run
         signal.signal(signal.SIGTERM, lambda *_: runner.stop("stopped by SIGTERM"))
+        signal.signal(signal.SIGINT, lambda *_: runner.stop("interrupted (Ctrl-C)"))
         bar = {"auto": None, "bar": True, "log": False}[args.progress]
         say(f"batch: {len(entries)} lines of {args.manifest} (shard {args.shard[0]}/{args.shard[1]}), "
             f"{in_flight} in flight, into {args.out}")
-        try:
-            summary = runner.run(entries, Progress(len(entries), bar=bar))
-        except KeyboardInterrupt:
-            runner.stop("interrupted")
-            summary = runner.summary
+        summary = runner.run(entries, Progress(len(entries), bar=bar))
     finally:
         if service is not None:
             service.pool.close()
-        results.close()
-    failed = sum(r.status == "failed" for r in results.records.values())
+        try:
+            results.close()
+        except OSError as e:  # the records appended so far stay, and the next run reads them
+            print(f"error: cannot rewrite {results.path}: {e}", file=sys.stderr, flush=True)
+            if summary is not None:
+                summary.aborted = summary.aborted or f"cannot write {args.out}: {e}"
+    return _report(summary, results.path, say)
+
+
+def _report(summary, results_path: Path, say) -> int:
+    """Say what the run did; the exit status (README 'Batch synthesis')."""
     rtf = summary.wall_s / summary.audio_s if summary.audio_s else float("nan")
-    say(f"batch: {summary.ok} done, {summary.failed} failed, {summary.skipped} done before; "
-        f"{summary.audio_s:.1f} s of audio in {summary.wall_s:.1f} s (RTF {rtf:.3f}); results in {results.path}")
+    redone = ""
+    if summary.redone:
+        redone = (", 1 redone: its line changed" if summary.redone == 1
+                  else f", {summary.redone} redone: their lines changed")
+    say(f"batch: {summary.ok} done, {summary.failed} failed, {summary.skipped} done before{redone}; "
+        f"{summary.audio_s:.1f} s of audio in {summary.wall_s:.1f} s (RTF {rtf:.3f}); results in {results_path}")
     if summary.aborted:
         say(f"batch stopped early: {summary.aborted}; run the same command again to go on")
         return 2
-    return 1 if failed else 0
+    return 1 if summary.failed else 0

@@ -135,11 +135,14 @@ def as_number(value: object, name: str, kind: type = float) -> float | int | Non
             raise SynthesisError(f"{name} must be a number, got {value!r}") from None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
         raise SynthesisError(f"{name} must be a number, got {value!r}")
-    if kind is int:
-        if float(value) != int(value):
-            raise SynthesisError(f"{name} must be a whole number, got {value!r}")
-        return int(value)
-    return float(value)
+    try:
+        if kind is int:
+            if float(value) != int(value):
+                raise SynthesisError(f"{name} must be a whole number, got {value!r}")
+            return int(value)
+        return float(value)
+    except OverflowError:  # infinite, or a whole number beyond any float (JSON allows both)
+        raise SynthesisError(f"{name} is out of range") from None
 
 
 def check_speed(speed: object) -> float:
