@@ -10,11 +10,13 @@
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import soundfile as sf
 
 from cosy.deploy.voices import VoiceStore
@@ -59,13 +61,49 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the flow estimator and the embedded LM's stack (compiled at start-up; "
                         "fused kernels, mainly for GPUs; see README 'Precision')")
-    p.add_argument("--out", required=True, help="output wav file (24 kHz, 16-bit)")
+    p.add_argument("--out", required=True, help="output wav file (the model's rate, 16-bit; .flac works too); "
+                   "written only when the whole utterance is there")
     args = p.parse_args(argv)
     try:
         resolve_dtype(args.dtype, args.device)
     except (ValueError, RuntimeError) as e:  # a dtype the device cannot run, or a malformed device
         p.error(str(e))
+    problem = out_problem(Path(args.out))
+    if problem:
+        p.error(f"--out {args.out}: {problem}")
     return args
+
+
+def out_format(out: Path) -> str:
+    """The libsndfile format --out's extension names (WAV when it names none)."""
+    ext = out.suffix[1:].upper()
+    return ext if ext in sf.available_formats() else "WAV"
+
+
+def out_problem(out: Path) -> str | None:
+    """Why --out cannot be written (before the model loads), or None."""
+    if out.exists() and not out.is_file():
+        return "is not a regular file: give the path of the file to write"
+    folder = Path(os.path.realpath(out)).parent
+    if not folder.is_dir():
+        return f"its folder {str(folder)!r} does not exist"
+    fmt = out_format(out)
+    if not sf.check_format(fmt, "PCM_16"):
+        return f"{fmt} files do not hold 16-bit PCM, which this CLI writes: use a .wav file (or .flac)"
+    return None
+
+
+def write_whole(path: Path, data: bytes) -> None:
+    """`path` holds `data` whole or is as it was: written beside it, synced, renamed over it."""
+    part = path.with_name(f".{path.name}.{os.getpid()}.part")
+    try:
+        with open(part, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(part, path)
+    finally:
+        part.unlink(missing_ok=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,15 +134,27 @@ def main(argv: list[str] | None = None) -> int:
             req.voice = engine.prompt_features(args.prompt_wav)
             voices.save(args.save_voice, args.prompt_text, req.voice, family=engine.family.name)
             print(f"saved voice '{args.save_voice}'", file=sys.stderr)
-        start, first, samples = time.perf_counter(), None, 0
-        with sf.SoundFile(args.out, "w", samplerate=engine.sample_rate, channels=1, subtype="PCM_16") as out:
-            for chunk in _chunks(engine, req):
-                first = first or time.perf_counter() - start
-                out.write(chunk.numpy())
-                samples += chunk.numel()
+        start, first, chunks = time.perf_counter(), None, []
+        for chunk in _chunks(engine, req):
+            first = first or time.perf_counter() - start
+            chunks.append(chunk.numpy())
+        samples = sum(len(c) for c in chunks)
+        # the file is made only once the whole utterance is there: a request refused mid-way (a <phoneme>
+        # the model has no token for, Ctrl-C) writes nothing, and an earlier file under that name stays
+        data = io.BytesIO()
+        sf.write(data, np.concatenate(chunks) if chunks else np.zeros(0, np.float32), engine.sample_rate,
+                 subtype="PCM_16", format=out_format(Path(args.out)))
+        try:
+            write_whole(Path(os.path.realpath(args.out)), data.getvalue())
+        except OSError as e:  # the output's folder: full, read-only, gone
+            print(f"error: cannot write --out {args.out}: {e.strerror or e}", file=sys.stderr)
+            return 2
     except CosyError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("error: interrupted: nothing was written", file=sys.stderr)
+        return 130
     took = time.perf_counter() - start
     audio_s = samples / engine.sample_rate
     print(f"wrote {args.out}: {audio_s:.2f} s of audio in {took:.2f} s (first chunk {first or 0:.2f} s, "
