@@ -40,7 +40,7 @@ def golden_lm() -> SpeechLM:
 def test_embedded_matches_official(case, golden_lm):
     sampled: list[int] = []
     steps = EmbeddedSteps(golden_lm, sampler=greedy_sampler(case.get("sampling_overrides", {}), sampled),
-                          capacity=16)  # small: the cache grows mid-decode
+                          capacity=16, record_logps=True)  # small: the cache grows mid-decode
     got, want = run_case(case, steps), want_of(case)
     assert got == want
     forced = [i for i, t in enumerate(got["out_tokens"]) if i not in set(sampled)]
@@ -103,7 +103,7 @@ def golden_backend(request):
 def test_vllm_matches_official(case, golden_backend):
     lm = RemoteLM(golden_backend.url, golden_backend.api_key, golden_backend.model_name, stall_timeout=60)
     embedder = PromptEmbedder.from_model_dir(GOLDEN_MODEL)
-    steps = RemoteSteps(lm, embedder.segments, SamplingParams(greedy=True), seed=0)
+    steps = RemoteSteps(lm, embedder.segments, SamplingParams(greedy=True), seed=0, record_logps=True)
     got, want = run_case(case, steps), want_of(case)
     assert got == want
     # one completion request per segment: the text blocks plus the final decode
@@ -123,8 +123,10 @@ def test_vllm_sampled_bistream_is_seeded(golden_backend):
 
     def once(seed: int) -> list[int]:
         steps = RemoteSteps(lm, embedder.segments, SamplingParams(), seed=seed)
-        return list(decode(case["text_pieces"], case["prompt_text"], case["prompt_speech_token"], steps, CV2,
-                           max_final=20))
+        tokens = list(decode(case["text_pieces"], case["prompt_text"], case["prompt_speech_token"], steps, CV2,
+                             max_final=20))
+        assert steps.logps == []  # serving asks the backend for no log-probs (nothing for it to compute)
+        return tokens
 
     a, b = once(5), once(5)
     assert a == b and len(a) >= 60 and all(0 <= t < CV2.tokens.size for t in a)

@@ -248,10 +248,9 @@ def _request(url: str, api_key: str | None, body: dict | None = None, timeout: f
 
 
 def warmup_body(export_dir: Path, name: str, rows: int = 4) -> dict:
-    """A 2-token greedy completion from a few random rows of the speech embedding, with a log-prob per token
-    as the duplex decode asks for (`cosy.lm.bistream_steps.RemoteSteps`): vLLM compiles its log-prob kernel
-    on the first such request, so the first WebSocket task after a start waited for it (HTTP requests ask
-    for none), and now the start-up does."""
+    """A 2-token greedy completion from a few random rows of the speech embedding. No request of the
+    frontends asks for log-probs (vLLM compiles that path on the first request that does, which a first
+    duplex task once waited for: `cosy.lm.bistream_steps` records them only to verify), so none is warmed."""
     from safetensors import safe_open
 
     with safe_open(str(export_dir / WEIGHTS), framework="pt") as f:
@@ -259,9 +258,8 @@ def warmup_body(export_dir: Path, name: str, rows: int = 4) -> dict:
     idx = torch.randint(0, table.size(0) - 3, (rows,), generator=torch.Generator().manual_seed(0))
     buf = io.BytesIO()
     torch.save(table[idx].clone(), buf)
-    # the backend has no tokenizer: log-probs keyed by token id, as `cosy.lm.remote.RemoteLM` asks for them
     return {"model": name, "prompt_embeds": base64.b64encode(buf.getvalue()).decode(), "max_tokens": 2,
-            "temperature": 0.0, "logprobs": 1, "return_tokens_as_token_ids": True}
+            "temperature": 0.0}
 
 
 def wait_ready(child: Child, base: str, api_key: str | None, warmup: dict, timeout: float) -> str | None:

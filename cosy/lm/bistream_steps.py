@@ -4,8 +4,10 @@
 `sampler(logits, history, mask_eos) -> token`). `RemoteSteps` keeps the fed sequence as embeddings here and
 sends one completion request per segment, from the whole prefix, with the out_tokens so far as the RAS
 history (`vllm_xargs.cosy_history`, see `cosy.vllm_plugin.ras`): the backend needs no per-decode state, so a
-segment may go to any backend of the pool. Both record each generated token's log-prob (`logps`, the
-log_softmax of the raw logits) so decodes can be compared with the official one.
+segment may go to any backend of the pool. With `record_logps`, both record each generated token's log-prob
+(`logps`, the log_softmax of the raw logits) so decodes can be compared with the official one; serving leaves
+it off (a backend asked for log-probs computes them for every token, and vLLM compiles that path on its first
+such request).
 """
 from __future__ import annotations
 
@@ -26,8 +28,9 @@ class EmbeddedSteps:
     """`StepBackend` on an in-process `SpeechLM` (one decode; not shared between threads)."""
 
     def __init__(self, lm: SpeechLM, params: SamplingParams | None = None, seed: int | None = None,
-                 sampler: Sampler | None = None, capacity: int = 512):
+                 sampler: Sampler | None = None, capacity: int = 512, record_logps: bool = False):
         self.lm, self.params = lm, params or lm.sampling
+        self.record_logps = record_logps
         self.gen = torch.Generator()  # on the CPU: the sampler draws there (cosy.lm.sampling)
         if seed is None:
             self.gen.seed()
@@ -61,7 +64,8 @@ class EmbeddedSteps:
             self._reserve(x.size(1))
             logits, _ = self.lm._step(x, self.cache, self.rope)
             token = self.sampler(logits.clone(), history, mask_eos)
-            self.logps.append(float(logits.log_softmax(-1)[token]))
+            if self.record_logps:
+                self.logps.append(float(logits.log_softmax(-1)[token]))
             yield token
             if token in stop or i == max_new - 1:
                 return
@@ -74,8 +78,9 @@ class RemoteSteps:
     embed: Segments -> (1, L, H) (`PromptEmbedder.segments`). Segment k is seeded `seed + k`."""
 
     def __init__(self, lm, embed: Callable[[Sequence[Segment]], Tensor], params: SamplingParams | None = None,
-                 seed: int | None = None):
+                 seed: int | None = None, record_logps: bool = False):
         self.lm, self.embed, self.params = lm, embed, params or lm.sampling
+        self.record_logps = record_logps
         self.seed = seed if seed is not None else int(torch.randint(0, 2**31 - 1, (1,)).item())
         self.fed: list[Tensor] = []  # (1, n, H) pieces of the sequence fed so far
         self.requests = 0
@@ -92,7 +97,7 @@ class RemoteSteps:
         # eos masked for the whole segment: min_len past max_new
         tokens = self.lm.complete(prefix, max_new, max_new + 1 if mask_eos else 0, sorted(stop),
                                   seed=(self.seed + self.requests) % (2**31 - 1), params=self.params,
-                                  history=list(history), logps=self.logps)
+                                  history=list(history), logps=self.logps if self.record_logps else None)
         self.requests += 1
         got: list[int] = []
         try:

@@ -166,7 +166,7 @@ def official_bistream_case(g: GoldenModels, case: dict) -> dict[str, Any]:
     """A golden-bistream case on the embedded LM: (ours, official) pairs, all exact, the log-prob check included."""
     sampled: list[int] = []
     steps = EmbeddedSteps(g.lm, sampler=greedy_sampler(case.get("sampling_overrides", {}), sampled,
-                                                       g.family.tokens.eos), capacity=16)
+                                                       g.family.tokens.eos), capacity=16, record_logps=True)
     got, want = run_case(case, steps, g.family), want_of(case)
     forced = [i for i, t in enumerate(got["out_tokens"]) if i not in set(sampled)]
     logps = sampled_logps(case)
