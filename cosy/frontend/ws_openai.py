@@ -117,6 +117,10 @@ class OpenAISession(TaskSession):
                            "error": {"code": _CODES.get(code, code), "message": message}})
 
 
+# the session's messages (the docs' reference lists them from here)
+CLIENT_TYPES = ("session.config", "input.text", "input.done")
+SERVER_TYPES = ("session.created", "speech.audio.delta", "speech.audio.done", "error")
+
 # the task protocol's codes in OpenAI's snake_case
 _CODES = {"InvalidParameter": "invalid_parameter", "InvalidMessage": "invalid_message", "InvalidTask": "no_session",
           "NotFound": "not_found", "IdleTimeout": "idle_timeout", "Throttling": "rate_limited",

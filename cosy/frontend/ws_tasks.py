@@ -45,6 +45,9 @@ from cosy.text.stream import Mark, Sentences
 
 log = logging.getLogger(__name__)
 IDLE_TIMEOUT = 60.0  # seconds without a client message while a task runs (or before the first task)
+# the protocol's messages (the docs' reference lists them from here)
+CLIENT_ACTIONS = ("run-task", "continue-task", "finish-task")
+SERVER_EVENTS = ("task-started", "result-generated", "task-finished", "task-failed")
 # The largest message the protocols need (uvicorn's ws_max_size, `cosy.frontend.server`): a continue-task's
 # 20,000 characters (MAX_TEXT_CHARS) at 12 bytes each, a character outside the BMP written as a JSON-escaped
 # surrogate pair, is 240,000 bytes; the envelope and a 1,000-character instruction fit beside it many times.
@@ -186,8 +189,8 @@ class TaskSession:
                 task.finished = True
                 task.text.put(None)
         else:
-            raise TaskFailed("InvalidMessage", f"unknown action {echo(action)}: use run-task, continue-task or "
-                             "finish-task", task_id)
+            raise TaskFailed("InvalidMessage", f"unknown action {echo(action)}: use {', '.join(CLIENT_ACTIONS)}",
+                             task_id)
 
     async def continue_text(self, task: Task, payload: dict) -> None:
         inp = payload.get("input") if isinstance(payload.get("input"), dict) else {}
