@@ -60,7 +60,10 @@ class ForwardedFor:
     def __init__(self, app: ASGIApp, *, trusted: tuple[Network, ...]):
         self.app = app
         self.trusted = tuple(trusted)
-        self._trusts = lru_cache(maxsize=4096)(self._is_trusted)
+        self._cached = lru_cache(maxsize=4096)(self._is_trusted)
+
+    def _trusts(self, host: str) -> bool:
+        return len(host) <= MAX_CLIENT_CHARS and self._cached(host)  # no address is longer: not cached
 
     def _is_trusted(self, host: str) -> bool:
         ip = _address(host)
