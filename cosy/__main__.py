@@ -26,10 +26,14 @@ from cosy.pipeline.engine import Engine
 from cosy.pipeline.request import MODES, SPEED_RANGE, SynthesisError, SynthesisRequest
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m cosy", description="CosyVoice2 text-to-speech to a wav file.")
+def build_parser() -> argparse.ArgumentParser:
+    """The CLI's flags (the docs' flags reference is generated from this parser)."""
+    p = argparse.ArgumentParser(prog="python -m cosy",
+                                description="CosyVoice2 / CosyVoice3 text-to-speech to an audio file.")
     p.add_argument("--model_dir", required=True, help="a CosyVoice2 model directory (official layout)")
-    p.add_argument("--mode", choices=MODES, required=True)
+    p.add_argument("--mode", choices=MODES, required=True,
+                   help="zero_shot (--prompt_wav + --prompt_text), cross_lingual (--prompt_wav), instruct "
+                        "(--prompt_wav + --instruct_text), voice (--voice_id), vc (--source_wav + --prompt_wav)")
     p.add_argument("--text", default="", help="text to speak (not needed for --mode vc)")
     p.add_argument("--prompt_text", default="", help="transcript of --prompt_wav (zero_shot)")
     p.add_argument("--prompt_wav", help="voice prompt audio: wav/mp3/flac/ogg, >= 16 kHz, <= 30 s")
@@ -41,7 +45,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--stream", action="store_true", help="synthesize in streaming chunks")
     p.add_argument("--speed", type=float, default=1.0, help=f"{SPEED_RANGE[0]} to {SPEED_RANGE[1]}")
     p.add_argument("--seed", type=int, help="same seed + same inputs = same audio")
-    p.add_argument("--ssml", action="store_true", help="--text is an SSML document (README 'SSML': breaks, sub, "
+    p.add_argument("--ssml", action="store_true", help="--text is an SSML document (docs: SSML: breaks, sub, "
                    "say-as, phoneme, rate, volume)")
     p.add_argument("--greedy", action="store_true", help="argmax decoding instead of RAS sampling "
                    "(to compare the embedded LM with a backend)")
@@ -55,14 +59,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
     p.add_argument("--dtype", choices=DTYPES, default="float32",
                    help="the LM's and flow estimator's dtype; the ODE, the flow encoder and HiFT stay float32 "
-                        "(default float32; float16 needs CUDA; see README 'Precision')")
+                        "(default float32; float16 needs CUDA; docs: Precision)")
     p.add_argument("--no_tf32", dest="tf32", action="store_false",
-                   help="strict float32 on CUDA (default: TF32 matmuls and convolutions; see README 'Precision')")
+                   help="strict float32 on CUDA (default: TF32 matmuls and convolutions; docs: Precision)")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the flow estimator and the embedded LM's stack (compiled at start-up; "
-                        "fused kernels, mainly for GPUs; see README 'Precision')")
+                        "fused kernels, mainly for GPUs; docs: Precision)")
     p.add_argument("--out", required=True, help="output wav file (the model's rate, 16-bit; .flac works too); "
                    "written only when the whole utterance is there")
+    return p
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The CLI's flags, checked; exits with a usage error naming the problem."""
+    p = build_parser()
     args = p.parse_args(argv)
     try:
         resolve_dtype(args.dtype, args.device)

@@ -56,7 +56,7 @@ def flags_page() -> str:
             name = ", ".join(f"`{s}`" for s in a.option_strings) or f"`{a.dest.upper()}` (positional)"
             if a.choices:
                 name += " " + "\\|".join(f"`{c}`" for c in a.choices)
-            help_text = (a.help or "").replace("%%", "%") % {"default": a.default} if a.help else ""
+            help_text = (a.help or "").replace("%%", "%")  # argparse's escape; our helps are f-strings
             out.append(f"| {name} | {_cell(_default(a))} | {_cell(help_text)} |")
         out.append("")
     return "\n".join(out)
@@ -186,7 +186,8 @@ def performance_sections() -> str:
                 ax.legend(fontsize=7)
         out += ["## First packet and RTF against concurrency", "", _provenance(run), "",
                 _figure("first_packet_rtf", draw), "",
-                "| streams | requests | success | first packet p50 / p95 / p99 (s) | RTF p50 / p95 | audio s per wall s |",
+                "| streams | requests | success | first packet p50 / p95 / p99 (s) | RTF p50 / p95 "
+                "| audio s per wall s |",
                 "| --- | --- | --- | --- | --- | --- |"]
         for lv in levels:
             a = lv["all"]
@@ -202,8 +203,10 @@ def performance_sections() -> str:
             def draw_scale(fig):
                 ax = fig.subplots()
                 xs = sorted(by_frontends)
-                ax.plot(xs, [max(lv["all"]["audio_per_wall"] for lv in by_frontends[n]["levels"]) for n in xs], marker="o")
-                ax.set(xlabel="frontends", ylabel="audio s per wall s (best level)", title="Throughput per frontend count")
+                best = [max(lv["all"]["audio_per_wall"] for lv in by_frontends[n]["levels"]) for n in xs]
+                ax.plot(xs, best, marker="o")
+                ax.set(xlabel="frontends", ylabel="audio s per wall s (best level)",
+                       title="Throughput per frontend count")
                 ax.grid(alpha=0.3)
             out += ["## Throughput per frontend count", "", _figure("frontends", draw_scale), "",
                     *[f"- {n} frontend(s): {_provenance(by_frontends[n])}" for n in sorted(by_frontends)], ""]
@@ -214,8 +217,10 @@ def performance_sections() -> str:
         def draw_len(fig):
             ax = fig.subplots()
             for series, points in run["series"].items():
-                ax.plot([p["seconds"] for p in points], [p["cost_per_audio_s"] for p in points], marker="o", label=series)
-            ax.set(xlabel="utterance length (s of audio)", ylabel="compute s per audio s", title="Streaming cost against length")
+                ax.plot([p["seconds"] for p in points], [p["cost_per_audio_s"] for p in points], marker="o",
+                        label=series)
+            ax.set(xlabel="utterance length (s of audio)", ylabel="compute s per audio s",
+                   title="Streaming cost against length")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
         out += ["## Streaming cost against length", "", _provenance(run), "", _figure("stream_length", draw_len), "",
@@ -227,15 +232,21 @@ def performance_sections() -> str:
     return "\n".join(out)
 
 
-with mkdocs_gen_files.open("reference/flags.md", "w") as f:
-    f.write(flags_page())
-with mkdocs_gen_files.open("reference/routes.md", "w") as f:
-    f.write(routes_page())
-with mkdocs_gen_files.open("reference/gradio.md", "w") as f:
-    f.write(gradio_page())
-with mkdocs_gen_files.open("development/layout.md", "a") as f:
-    f.write(layout_section())
-with mkdocs_gen_files.open("operations/metrics.md", "a") as f:
-    f.write(metrics_section())
-with mkdocs_gen_files.open("performance.md", "a") as f:
-    f.write("\n" + performance_sections())
+def generate() -> None:
+    """Write every generated page into the build (mkdocs-gen-files' virtual files, never into docs/)."""
+    with mkdocs_gen_files.open("reference/flags.md", "w") as f:
+        f.write(flags_page())
+    with mkdocs_gen_files.open("reference/routes.md", "w") as f:
+        f.write(routes_page())
+    with mkdocs_gen_files.open("reference/gradio.md", "w") as f:
+        f.write(gradio_page())
+    with mkdocs_gen_files.open("development/layout.md", "a") as f:
+        f.write(layout_section())
+    with mkdocs_gen_files.open("operations/metrics.md", "a") as f:
+        f.write(metrics_section())
+    with mkdocs_gen_files.open("performance.md", "a") as f:
+        f.write("\n" + performance_sections())
+
+
+if __name__ == "<run_path>":  # run by mkdocs-gen-files (runpy.run_path); importing or running it writes nothing
+    generate()

@@ -43,6 +43,12 @@ PROGRAMS = (
     Program("python -m cosy", "cosy.__main__", "One utterance to an audio file (also `cosy`)."),
     Program("python -m cosy batch", "cosy.batch.cli",
             "A manifest in, audio files out.", inherits="python app.py"),
+    Program("python -m cosy.deploy.haproxy", "cosy.deploy.haproxy",
+            "Writes the HAProxy configuration for a set of frontends (its output is haproxy.cfg)."),
+    Program("python -m cosy.random_model", "cosy.verify.random_model.__main__",
+            "Writes a random-weight model directory in a family's official layout (tests, benchmarks)."),
+    Program("python -m cosy.golden_check", "cosy.verify.golden_check",
+            "Recomputes the cases of a golden directory (outputs of the official code) with our code."),
 )
 
 
@@ -52,7 +58,7 @@ def programs() -> tuple[Program, ...]:
 
 def option_names(program: Program) -> set[str]:
     """Every option string a program accepts (`--model_dir`, ...), inherited ones included."""
-    names = {s for a in program.flags() for s in a.option_strings}
+    names = {s for a in program.flags() for s in a.option_strings} | {"-h", "--help"}
     if program.inherits:
         names |= option_names(next(p for p in PROGRAMS if p.name == program.inherits))
     return names

@@ -22,18 +22,7 @@ USAGE = "python -m cosy batch MANIFEST --out DIR [--shard i/n] [--in_flight N] [
 def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, argparse.Namespace]:
     """(the batch's own flags, the frontend's flags); exits with a usage error naming the problem."""
     from cosy.batch.manifest import parse_shard
-    p = argparse.ArgumentParser(prog="python -m cosy batch", usage=USAGE, description=__doc__.split("\n\n")[0])
-    p.add_argument("manifest", type=Path, help="JSON Lines, one utterance a line (README 'Batch synthesis')")
-    p.add_argument("--out", type=Path, required=True, help="folder for the audio files (ID.FORMAT) and results")
-    p.add_argument("--shard", default="0/1", help="i/n: take line k when k %% n == i (one process per shard, "
-                   "same --out; default 0/1, every line)")
-    p.add_argument("--in_flight", type=int, default=None,
-                   help="lines synthesized at once (default workers x max_batch + workers: every worker's batch "
-                        "full, one more waiting each)")
-    p.add_argument("--retries", type=int, default=3, help="tries again after busy or unavailable (default 3)")
-    p.add_argument("--sample_rate", type=int, default=24000, help="lines' default output rate (default 24000)")
-    p.add_argument("--progress", choices=("auto", "bar", "log"), default="auto",
-                   help="a progress bar (on a terminal, the default) or a log line every 10 s")
+    p = build_parser()
     args, rest = p.parse_known_args(argv)
     from cosy.pipeline.request import SAMPLE_RATE_RANGE, check_range
     try:
@@ -47,6 +36,23 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, argparse.Namesp
         p.error(f"manifest {str(args.manifest)!r} is not a file")
     from cosy.frontend.server import parse_args as frontend_args
     return args, frontend_args(list(rest))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The batch's own flags (the frontend's come after them; the docs' flags reference reads both)."""
+    p = argparse.ArgumentParser(prog="python -m cosy batch", usage=USAGE, description=__doc__.split("\n\n")[0])
+    p.add_argument("manifest", type=Path, help="JSON Lines, one utterance a line (docs: Batch synthesis)")
+    p.add_argument("--out", type=Path, required=True, help="folder for the audio files (ID.FORMAT) and results")
+    p.add_argument("--shard", default="0/1", help="i/n: take line k when k %% n == i (one process per shard, "
+                   "same --out; default 0/1, every line)")
+    p.add_argument("--in_flight", type=int, default=None,
+                   help="lines synthesized at once (default workers x max_batch + workers: every worker's batch "
+                        "full, one more waiting each)")
+    p.add_argument("--retries", type=int, default=3, help="tries again after busy or unavailable (default 3)")
+    p.add_argument("--sample_rate", type=int, default=24000, help="lines' default output rate (default 24000)")
+    p.add_argument("--progress", choices=("auto", "bar", "log"), default="auto",
+                   help="a progress bar (on a terminal, the default) or a log line every 10 s")
+    return p
 
 
 READY_WAIT = 120.0  # s for the workers and (with --llm_base_url) one backend to serve
@@ -130,7 +136,7 @@ def _run(args: argparse.Namespace, fe: argparse.Namespace) -> int:
 
 
 def _report(summary, results_path: Path, say) -> int:
-    """Say what the run did; the exit status (README 'Batch synthesis')."""
+    """Say what the run did; the exit status (docs: Batch synthesis)."""
     rtf = summary.wall_s / summary.audio_s if summary.audio_s else float("nan")
     redone = ""
     if summary.redone:

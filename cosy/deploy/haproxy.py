@@ -88,7 +88,8 @@ backend cosy_frontends
 """
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The config writer's flags (the docs' flags reference is generated from this parser)."""
     p = argparse.ArgumentParser(prog="python -m cosy.deploy.haproxy", description=__doc__.split("\n")[0])
     p.add_argument("--bind", default="0.0.0.0:8080", help="HOST:PORT the proxy listens on")
     p.add_argument("--frontend", action="append", default=[], metavar="HOST:PORT",
@@ -99,6 +100,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stats_socket", default=None, help="Unix socket path for HAProxy's read-only runtime API")
     p.add_argument("--dns", action="store_true",
                    help="frontends are DNS names (compose services, Kubernetes pods) resolved again while running")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     try:
         sys.stdout.write(render(args.bind, args.frontend, check_interval_s=args.check_interval,

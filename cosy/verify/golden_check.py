@@ -138,11 +138,16 @@ def run(root: Path, kinds: set[str] | None = None, out=sys.stdout) -> bool:
     return ok
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The checker's flags (the docs' flags reference is generated from this parser)."""
     parser = argparse.ArgumentParser(prog="python -m cosy.golden_check", description=__doc__.split("\n")[0])
-    parser.add_argument("golden_dir", type=Path)
+    parser.add_argument("golden_dir", type=Path, help="a golden-format directory (model/, cases.json, ...)")
     parser.add_argument("--kinds", help="comma-separated case kinds to check (name prefixes: flow,hift,...)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     kinds = set(args.kinds.split(",")) if args.kinds else None
     print(f"{'case':<60} {'max|diff|':>10} {'atol':>8}  result")
     return 0 if run(args.golden_dir, kinds) else 1
