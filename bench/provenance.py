@@ -1,6 +1,6 @@
-"""Where and when a benchmark ran, stored with its JSON results (the docs' performance page shows it):
-the machine (CPU model, cores, GPU), the date, the commit (with "+dirty" when the tree had changes) and
-the command line."""
+"""Where and when a benchmark ran, stored with its JSON results (the docs' performance page shows it): the
+machine (CPU model, cores, GPU) and its load average at the start, the date, the commit (with "+dirty" when
+the tree had changes) and the command line."""
 from __future__ import annotations
 
 import datetime
@@ -39,5 +39,7 @@ def provenance() -> dict:
             machine += f", {torch.cuda.get_device_name(0)}"
     except ImportError:
         pass
-    return {"machine": machine, "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "commit": _commit(), "command": shlex.join(["python", *sys.argv])}
+    load = " ".join(f"{x:.1f}" for x in os.getloadavg())  # other work on the machine weighs on every figure
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return {"machine": machine, "load_at_start": load, "date": date, "commit": _commit(),
+            "command": shlex.join(["python", *sys.argv])}

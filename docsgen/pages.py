@@ -146,7 +146,8 @@ def runs(kind: str) -> list[dict]:
 
 def _provenance(run: dict) -> str:
     p = run["provenance"]
-    return (f"{p['machine']}; {p['date']}; commit `{p['commit'][:10]}`; "
+    load = f" (load average at the start {p['load_at_start']})" if p.get("load_at_start") else ""
+    return (f"{p['machine']}{load}; {p['date']}; commit `{p['commit'][:10]}`; "
             f"[data]({'performance/' + run['file']}), `{p['command']}`")
 
 
