@@ -210,3 +210,13 @@ def test_the_websocket_message_lists_are_the_ones_the_code_reads_and_sends():
     read = {t for pair in re.findall(r"kind (?:==|in) \(?\"([a-z._]+)\"(?:, \"([a-z._]+)\")?", session)
             for t in pair if t}
     assert read == set(ws_openai.CLIENT_TYPES)
+
+
+@pytest.mark.quick
+def test_the_readmes_links_point_at_files_that_exist():
+    text = (ROOT / "README.md").read_text()
+    links = [link for link in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text) if "://" not in link]
+    assert links, "the README's table of where to go next"
+    missing = [link for link in links if not (ROOT / link).exists()]
+    assert not missing, missing
+    assert len(text.splitlines()) <= 200, "the front door stays short: details go into docs/"
