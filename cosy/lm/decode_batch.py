@@ -145,7 +145,7 @@ class BatchedLM:
             try:
                 h = decode_step(self.lm.llm.model.model, torch.cat([x for _, x in batch]),
                                 [r.cache for r in rows], [r.rope for r in rows])
-                logits = self.lm.llm_decoder(h[:, -1]).float()  # (B, V)
+                logits = self.lm.logits(h[:, -1])  # (B, V) float32
                 nexts = [r.take(logits[i]) for i, r in enumerate(rows)]
             except Exception as e:  # fails the rows of this step only
                 for r in rows:

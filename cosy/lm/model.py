@@ -9,10 +9,12 @@ Prompt layout (as embeddings, positions from 0):
     [sos, embed_tokens(prompt_text ++ text), task_id, speech_embedding(prompt_speech_tokens)]
 Per mode: zero-shot and saved voice pass prompt text + prompt speech tokens; cross-lingual passes neither;
 instruct passes the instruction (ending in <|endofprompt|>) as prompt text and no speech tokens.
-Each decode step feeds speech_embedding[token]; logits = llm_decoder(final-normed hidden).
+Each decode step feeds speech_embedding[token]; logits = llm_decoder(final-normed hidden), in float32 whatever
+the backbone's dtype.
 """
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -21,12 +23,14 @@ from torch import Tensor, nn
 
 from cosy.lm.config import LMConfig, read_lm_config
 from cosy.lm.prompt import build_prompt_embeds, embed_segments, tables_of
-from cosy.lm.qwen2 import KVCache, Linear, Qwen2Encoder, RotaryTable
+from cosy.lm.qwen2 import KVCache, Linear, Qwen2Encoder, RotaryTable, pack_linears
 from cosy.lm.sampling import SamplingParams, ras_sample
 from cosy.model.family import ModelFamily
 from cosy.model.files import ModelDir, ModelDirError, empty_modules, load_strict
+from cosy.model.precision import cpu_bf16_units
 
 LM_HEAD_KEY = "llm.model.lm_head.weight"  # tied copy of embed_tokens in llm.pt; never used
+log = logging.getLogger(__name__)
 
 
 class SpeechLM(nn.Module):
@@ -35,6 +39,8 @@ class SpeechLM(nn.Module):
     The module holds no per-request state: the KV cache, history and RNG of a request live inside one
     `generate()` call, so several threads may generate at once with one shared, read-only module.
     """
+
+    kernels = "plain weights"  # how its linear layers run (`from_model_dir` packs them where that pays)
 
     def __init__(self, cfg: LMConfig, family: ModelFamily, sampling: SamplingParams | None = None):
         super().__init__()
@@ -75,10 +81,17 @@ class SpeechLM(nn.Module):
             # use the memory-mapped file tensors as they are: the text embedding table (0.5 GB at full
             # size, a few rows read per request) then costs no memory
             load_strict(lm, sd, llm, assign=True, yaml=family.files.yaml)
-            return lm.eval()
-        # allocate in the target device/dtype and copy (casting) straight from the mmapped file
-        lm = lm.to_empty(device=device).to(dtype=dtype)
-        load_strict(lm, sd, llm, yaml=family.files.yaml)
+        else:
+            # allocate in the target device/dtype and copy (casting) straight from the mmapped file
+            lm = lm.to_empty(device=device).to(dtype=dtype)
+            lm.llm_decoder.float()  # the file's head as it is (see below)
+            load_strict(lm, sd, llm, yaml=family.files.yaml)
+        # the head in float32 whatever the dtype: the logits that sampling reads are not rounded to a half
+        # dtype (a head that stands as bf16 in the file only changes its dtype)
+        lm.llm_decoder.float()
+        if dtype == torch.bfloat16 and torch.device(device).type == "cpu" and pack_linears(lm):
+            lm.kernels = f"oneDNN prepacked bfloat16 weights ({cpu_bf16_units()})"
+        log.info("embedded LM: %s on %s, %s", str(dtype).removeprefix("torch."), device, lm.kernels)
         return lm.eval()
 
     @property
@@ -87,7 +100,8 @@ class SpeechLM(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.llm_decoder.weight.dtype
+        """The backbone's and the embeddings' dtype (the head, `logits`, is float32 in any)."""
+        return self.speech_embedding.weight.dtype
 
     @property
     def tables(self) -> dict[str, Tensor]:
@@ -127,7 +141,12 @@ class SpeechLM(nn.Module):
             # a parameter's view has even here), and each kind would compile graphs of its own
             x = x.clone()
         h = self.llm.model.model(x, cache, rope)[0, -1]
-        return self.llm_decoder(h).float(), h
+        return self.logits(h), h
+
+    def logits(self, h: Tensor) -> Tensor:
+        """float32 logits (..., V) of final-normed hidden states (..., H): the head runs in float32 (the
+        sampling's input is not rounded to the backbone's half dtype)."""
+        return self.llm_decoder(h.float())
 
     def _embed_speech(self, token: int) -> Tensor:
         return self.speech_embedding.weight[token].view(1, 1, -1)

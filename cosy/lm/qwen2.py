@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from cosy.lm.config import LMConfig
+from cosy.model.precision import cpu_bf16_units
 
 
 def _onednn_linear_works() -> bool:
@@ -26,20 +27,63 @@ def _onednn_linear_works() -> bool:
 _ONEDNN = _onednn_linear_works()
 
 
-class Linear(nn.Linear):
-    """nn.Linear that, for float32 inference on the CPU, calls oneDNN's linear (torch's own inductor kernel).
+def _identity(w: Tensor) -> tuple[int, int]:
+    """The weight's storage and version: a packed copy is current while both are what they were (an
+    inference tensor has no version counter, and in-place changes to it happen under inference mode only)."""
+    return w.data_ptr(), -1 if w.is_inference() else w._version
 
-    Why: ATen's float32 CPU linear measured ~17 GB/s of weight traffic for one token on our 2-core
-    machines (decode is bound by reading the weights), oneDNN ~35 GB/s; decode steps at full size go from
-    ~79 to ~44 ms, prefill about 2x. Everywhere else (GPU, other dtypes, autograd) it is plain F.linear.
+
+class Linear(nn.Linear):
+    """nn.Linear that, for inference on the CPU, calls oneDNN's linear (torch's own inductor kernel): in
+    float32 on the weight as it is, in bfloat16 on a copy of it prepacked by `pack` (where the CPU has bf16
+    units: `pack_linears`).
+
+    Why: decode reads every weight for one token, so it is bound by how fast the kernel streams them. ATen's
+    float32 CPU linear measured ~17 GB/s for one token on our 2-core AMD machines, oneDNN ~35 GB/s. In
+    bfloat16 ATen's linear and oneDNN's on a plain weight stream 5-20 GB/s for one token: slower than
+    float32, for half the bytes; on a weight prepacked into oneDNN's blocked layout the bf16 units read it at
+    about float32's byte rate, so a step takes about half the time. Everywhere else (GPU, autograd, a weight
+    changed since it was packed) it is plain F.linear.
     """
+
+    _packed: tuple[Tensor, int, int] | None = None  # (packed weight, the weight's `_identity` then)
+
+    def pack(self) -> bool:
+        """Keep a oneDNN-packed copy of this bfloat16 CPU weight for the forward (the copy costs the weight's
+        size again); False (nothing kept) where there is none to make."""
+        w = self.weight
+        if not (_ONEDNN and w.device.type == "cpu" and w.dtype == torch.bfloat16):
+            return False
+        try:
+            # the batch size is a hint for the layout: measured the same speed for 1 to 8 rows
+            packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), 1)
+        except RuntimeError:  # this CPU's oneDNN has no bf16 kernel (e.g. no AVX512-BW, or an ISA cap)
+            return False
+        self._packed = (packed, *_identity(w))
+        return True
 
     def forward(self, x: Tensor) -> Tensor:
         # under torch.compile (`--compile`) inductor picks its own CPU kernels (and cannot lower this op)
-        if (_ONEDNN and x.device.type == "cpu" and x.dtype == torch.float32 and not torch.is_grad_enabled()
+        if (_ONEDNN and x.device.type == "cpu" and not torch.is_grad_enabled()
                 and not torch.compiler.is_compiling()):
-            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+            if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
+                return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+            packed = self._packed
+            if packed is not None and x.dtype == torch.bfloat16 and packed[1:] == _identity(self.weight):
+                # 2-D: the same op on a 3-D input measured slower
+                y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.size(-1)), packed[0], self.bias, "none",
+                                                       [], "")
+                return y.view(*x.shape[:-1], y.size(-1))
         return F.linear(x, self.weight, self.bias)
+
+
+def pack_linears(module: nn.Module) -> int:
+    """Prepack the bfloat16 CPU weights of every `Linear` in `module` for oneDNN (`Linear.pack`) where the
+    CPU has bfloat16 units (`cosy.model.precision.cpu_bf16_units`; without them the packed kernel is no
+    faster than F.linear, so nothing is packed). How many were packed."""
+    if cpu_bf16_units() is None:
+        return 0
+    return sum(m.pack() for m in module.modules() if isinstance(m, Linear))
 
 
 class KVCache:
