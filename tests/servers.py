@@ -36,9 +36,10 @@ class Backend:
     """`python launch/backend.py` on a fixed port; restartable on the same port."""
 
     def __init__(self, model_dir: Path, cache_dir: Path, log_path: Path, api_key: str = API_KEY,
-                 max_model_len: int = 32768):
+                 max_model_len: int = 32768, extra: tuple[str, ...] = ()):
         self.model_dir, self.cache_dir, self.log_path, self.api_key = model_dir, cache_dir, log_path, api_key
         self.max_model_len = max_model_len  # the LM's context (the CPU default is 2048)
+        self.extra = extra  # more flags of launch/backend.py (e.g. --max_num_seqs 1)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/v1"
         self.model_name = served_model_name(llm_fingerprint(model_dir, cache_dir), ModelDir(model_dir).family)
@@ -59,7 +60,7 @@ class Backend:
             self.proc = subprocess.Popen(
                 [sys.executable, str(BACKEND), "--model_dir", str(self.model_dir), "--host", "127.0.0.1",
                  "--port", str(self.port), "--api_key", self.api_key, "--cache_dir", str(self.cache_dir),
-                 "--max_model_len", str(self.max_model_len)],
+                 "--max_model_len", str(self.max_model_len), *self.extra],
                 stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True, cwd=ROOT,
                 env=env)
         self._lines: queue.Queue[str | None] = queue.Queue()

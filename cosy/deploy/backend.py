@@ -94,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "with frontends: their flow work then comes first; 5 does it, 19 starves vLLM once the "
                         "frontends are saturated (docs: Deployment, One machine)")
     p.add_argument("--max_num_seqs", type=int, default=None, help="16 on CPU, 64 on GPU by default")
+    p.add_argument("--scheduling_policy", choices=("priority", "fcfs"), default="priority",
+                   help="vLLM's queue: priority (default: each request's priority class, sent by the frontends, "
+                        "then arrival; a request is preempted only for a more urgent one) or fcfs (arrival only)")
     p.add_argument("--max_model_len", type=int, default=None, help="2048 on CPU, 4096 on GPU by default")
     p.add_argument("--cache_dir", default=None, help="writable export cache (default $COSY_CACHE or ~/.cache/cosy)")
     p.add_argument("--start_timeout", type=float, default=1800.0, help="seconds to wait for the server")
@@ -140,7 +143,10 @@ def vllm_command(args: argparse.Namespace, export_dir: Path, name: str, gpu: boo
            # named here, not as an entry point: only then does vLLM keep output ids exact for it
            "--logits-processors", LOGITS_PROCESSOR,
            # a request queued past --max-num-seqs sends SSE comments until its first token: not a stall
-           "--middleware", KEEPALIVE]
+           "--middleware", KEEPALIVE,
+           # the frontends send each request's class as vLLM's `priority` (cosy.lm.call): a listener's stream
+           # is not queued behind bulk work
+           "--scheduling-policy", getattr(args, "scheduling_policy", "priority")]
     if args.gpu_memory_utilization is not None:
         cmd += ["--gpu-memory-utilization", str(args.gpu_memory_utilization)]
     if gpu and (args.kv_cache_gib is not None or args.gpu_memory_utilization is None):

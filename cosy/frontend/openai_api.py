@@ -6,8 +6,9 @@
 Fields: model (any name), input, voice (a reference-audio id or saved voice id, or {"id": ...}),
 instructions (-> instruct mode, "用四川话说这句话"; without: zero-shot with the voice's saved transcript),
 response_format mp3 (default) | opus | aac | flac | wav | pcm (24 kHz s16le mono), speed 0.25-4.0,
-stream_format audio (default) | sse, and the extensions `seed` (same seed, same audio) and `enable_ssml`
-(`input` is SSML).
+stream_format audio (default) | sse, and the extensions `seed` (same seed, same audio), `enable_ssml`
+(`input` is SSML) and `priority` (interactive, the default: the answer streams; default or bulk for work
+that can wait; see `FrontendService.priority_of`).
 
 stream_format audio: the encoded file as a chunked body, bytes sent as soon as the codec has them (flac
 is sent when complete: its header holds the length). sse: `data: {"type": "speech.audio.delta", "audio":
@@ -37,7 +38,7 @@ from cosy.frontend.encoding import FORMATS, MEDIA_TYPES
 from cosy.frontend.reference_audio import ReferenceAudios
 from cosy.frontend.service import FrontendService
 from cosy.frontend.speech_stream import Piece, SpeechRequest, open_speech
-from cosy.pipeline.request import SEED_RANGE, SPEED_RANGE, SynthesisRequest
+from cosy.pipeline.request import PRIORITIES, SEED_RANGE, SPEED_RANGE, SynthesisRequest
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,7 @@ class OpenAISpeech(BaseModel):
     stream_format: Literal["audio", "sse"] = "audio"
     seed: int | None = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
     enable_ssml: bool = False  # an extension: `input` is SSML (README "SSML")
+    priority: Literal[PRIORITIES] | None = None  # an extension: the class (None: interactive, a stream's)
 
 
 async def _audio(pieces: AsyncIterator[Piece], request_id: str) -> AsyncIterator[bytes]:
@@ -97,7 +99,7 @@ def build_openai_router(service: FrontendService, refs: ReferenceAudios, depende
         # without instructions: zero-shot with the voice's stored transcript (our mode 'voice')
         synthesis = SynthesisRequest(mode="instruct" if instruct else "voice", text=body.input, voice_id=voice,
                                      instruct_text=instruct, speed=speed, seed=body.seed, stream=True,
-                                     ssml=body.enable_ssml)
+                                     ssml=body.enable_ssml, priority=body.priority)
         req = SpeechRequest(synthesis, "openai", fmt=body.response_format, sample_rate=service.sample_rate)
         pieces = await open_speech(service, refs, req, received, request)  # a client leaving cancels the job
         headers = {"X-Request-Id": request_id, "X-Cosy-Speed": f"{speed:g}"}

@@ -71,7 +71,20 @@ def build_parser() -> argparse.ArgumentParser:
                         "(the rightmost address that is no trusted proxy), so the wrong-key limit is per client "
                         "(default: none; every client is the address it connects from)")
     p.add_argument("--max_queue", type=int, default=64,
-                   help="waiting requests before new ones are refused as busy (default 64)")
+                   help="waiting requests of a priority class and the more urgent ones before new ones of that "
+                        "class are refused as busy (default 64)")
+    p.add_argument("--priorities", choices=("on", "off"), default="on",
+                   help="serve by priority class (interactive, default, bulk; streams are interactive, whole "
+                        "files default, batch bulk): the worker queue by class then arrival, the workers' flow "
+                        "work and the LM backend's queue likewise, and each worker's last slot kept for "
+                        "interactive requests; off: one first-come queue (default on)")
+    p.add_argument("--priority_aging", type=float, default=10.0,
+                   help="seconds a waiting request takes to move up one priority class, so bulk work is never "
+                        "starved (default 10)")
+    p.add_argument("--allow_priority", default="",
+                   help="comma-separated classes a client may ask for above its request's default (e.g. "
+                        "interactive: a whole-file API call may ask to be served as a stream is); a less urgent "
+                        "class is always allowed (default: none)")
     p.add_argument("--device", default=None,
                    help="where the workers run the models: cpu, cuda (every visible GPU, workers round-robin), "
                         "cuda:N, or a list cuda:0,cuda:1 (default cuda if available, else cpu)")
@@ -161,6 +174,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error(str(e))
     if args.drain_timeout < 0:
         p.error("--drain_timeout must be >= 0")
+    if args.priority_aging <= 0:
+        p.error("--priority_aging must be > 0 (seconds)")
+    from cosy.frontend.service import parse_priorities
+    try:
+        args.allow_priority = parse_priorities(args.allow_priority)
+    except ValueError as e:
+        p.error(str(e))
     if min(args.llm_stall_timeout, args.llm_queue_timeout, args.header_timeout, args.uploads_max_age,
            args.uploads_max_mb, args.results_max_age, args.results_max_mb) <= 0:
         p.error("--llm_stall_timeout, --llm_queue_timeout, --header_timeout, --uploads_max_* and --results_max_* "

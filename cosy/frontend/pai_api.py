@@ -10,10 +10,14 @@
     POST   /api/v1/audio/speech                 {"model", "stream" (default true), "input": {"mode", "text",
                                                  "reference_audio_id", "instruct", "sample_rate" (24000),
                                                  "bit_rate" ("192k"), "volume" (1.0), "speed" (1.0),
-                                                 "output_format" (wav), "debug", "seed" (an extension)}}
+                                                 "output_format" (wav), "debug", "seed" and "priority"
+                                                 (extensions)}}
 
-The options (sample_rate ... seed) go inside `input`, as published; our earlier layout with them at the
-top level is still accepted; one given in both places with different values is a 400 naming it.
+`priority` (an extension): interactive, default or bulk; a stream is interactive unless it says otherwise, a
+whole file default (a client may ask for a less urgent class, a more urgent one where the frontend's
+--allow_priority lets it). The options (sample_rate ... priority) go inside `input`, as published; our
+earlier layout with them at the top level is still accepted; one given in both places with different values
+is a 400 naming it.
 `bit_rate` is "16k" ... "384k" or an integer in bit/s, capped at what the codec can do (encoding.py).
 
 Speech answers `{"output": {"finish_reason": "stop", "audio": {"id", "data": "<base64>"}}, "request_id",
@@ -48,6 +52,7 @@ from cosy.frontend.speech_stream import Piece, SpeechRequest, open_speech, until
 from cosy.pipeline.request import (
     LIMIT_RANGE,
     PCM_RATE_RANGE,
+    PRIORITIES,
     SAMPLE_RATE_RANGE,
     SEED_RANGE,
     SPEED_RANGE,
@@ -105,10 +110,13 @@ class PaiOptions(BaseModel):
     debug: bool | None = None
     seed: int | None = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1], description="an extension: reproducible")
     enable_ssml: bool | None = Field(None, description="the text is SSML (README 'SSML'); default false")
+    priority: Literal[PRIORITIES] | None = Field(
+        None, description="an extension: the request's priority class (default: interactive for a stream, default "
+        "for a whole file; a more urgent class than that only where the frontend allows it)")
 
 
 OPTION_DEFAULTS = {"sample_rate": 24000, "bit_rate": DEFAULT_BIT_RATE, "volume": 1.0, "speed": 1.0,
-                   "output_format": "wav", "debug": False, "seed": None, "enable_ssml": False}
+                   "output_format": "wav", "debug": False, "seed": None, "enable_ssml": False, "priority": None}
 
 
 class PaiInput(PaiOptions):
@@ -228,7 +236,7 @@ def build_pai_router(service: FrontendService, refs: ReferenceAudios, dependenci
         o = resolve_options(body)
         synthesis = SynthesisRequest(mode=MODES[inp.mode], text=inp.text, voice_id=inp.reference_audio_id,
                                      instruct_text=inp.instruct, speed=o["speed"], seed=o["seed"],
-                                     stream=body.stream, ssml=o["enable_ssml"])
+                                     stream=body.stream, ssml=o["enable_ssml"], priority=o["priority"])
         req = SpeechRequest(synthesis, "pai", fmt=o["output_format"], sample_rate=o["sample_rate"],
                             bit_rate=o["bit_rate"], volume=o["volume"])
         pieces = await open_speech(service, refs, req, received, request)  # a client leaving cancels the job

@@ -69,9 +69,12 @@ def build_service(args: argparse.Namespace, env: dict[str, str] | None = None) -
                       cache_mb=speech_cache_mb(args, device), fixed_tokens=args.fixed_tokens,
                       lm_batch=getattr(args, "lm_batch", 0),
                       llm_variant=getattr(args, "llm_variant", None), env=dict(env or {}))
-    pool = WorkerPool(spec, workers=args.workers, max_queue=args.max_queue).start()
+    pool = WorkerPool(spec, workers=args.workers, max_queue=args.max_queue,
+                      priorities=getattr(args, "priorities", "on") == "on",
+                      aging=getattr(args, "priority_aging", 10.0)).start()
     service = FrontendService(pool, data)
     service.ws_idle_timeout = args.ws_idle_timeout
+    service.allow_priority = frozenset(getattr(args, "allow_priority", ()))
     return service
 
 

@@ -3,6 +3,10 @@
 One `FrontendService` per process: the worker pool (synthesis), the shared data dir (uploads, saved
 voices) and the synthesis metrics of every surface. Surfaces hand it a `SynthesisRequest` and the name of
 the surface; failures are `cosy.errors.CosyError`s whose `status` the surface answers with.
+
+Priorities: a request that names no class gets its surface's default (`default_priority`: streams
+interactive, whole files default, batch bulk); it may always ask for a less urgent class, and for a more
+urgent one only where the operator allows it (`allow_priority`, `--allow_priority`).
 """
 from __future__ import annotations
 
@@ -20,21 +24,35 @@ from cosy.deploy.data_dir import DataDir
 from cosy.deploy.voices import check_voice_id
 from cosy.errors import CosyError
 from cosy.frontend.metrics import Metrics
+from cosy.frontend.qos import Playback
 from cosy.model.family import ModelFamily
 from cosy.model.files import ModelDir
 from cosy.pipeline.request import (
     EMBEDDED_LM_MAX_LEN,
     MAX_PROMPT_TEXT_CHARS,
+    PRIORITIES,
     SERVED_MODES,
     SynthesisError,
     SynthesisRequest,
     check_lm_budget,
+    check_priority,
     check_text,
+    default_priority,
+    priority_rank,
 )
-from cosy.service.workers import WorkerPool
+from cosy.service.workers import JobTrace, WorkerPool
 from cosy.text.ssml_text import spoken_runs
 
 SURFACES = ("webui", "gradio_api", "pai", "openai")
+
+
+def parse_priorities(value: str) -> frozenset[str]:
+    """`--allow_priority`: comma-separated classes of PRIORITIES (empty: none); ValueError naming the bad one."""
+    names = frozenset(n.strip() for n in value.split(",") if n.strip())
+    for name in names:
+        if name not in PRIORITIES:
+            raise ValueError(f"--allow_priority: unknown class {name!r} (choose from {', '.join(PRIORITIES)})")
+    return names
 
 
 @dataclass
@@ -52,6 +70,8 @@ class FrontendService:
         # (`cosy.frontend.server` reads it from their /v1/models at start-up); None = not known yet
         self.lm_max_len: int | None = None if pool.spec.llm_base_url else EMBEDDED_LM_MAX_LEN
         self.ws_idle_timeout = 60.0  # seconds (--ws_idle_timeout; cosy.frontend.ws_tasks)
+        # the classes a client may ask for above its request's default (--allow_priority); a lower one it always may
+        self.allow_priority: frozenset[str] = frozenset()
 
     @property
     def sample_rate(self) -> int:
@@ -88,6 +108,20 @@ class FrontendService:
         check_lm_budget(out, self.lm_max_len, int(voice.features.speech_tokens.numel()))
         return out
 
+    def priority_of(self, req: SynthesisRequest, surface: str) -> str:
+        """The class `req` is served at: the one it asks for, or its surface's default (`default_priority`). A
+        class more urgent than the default only where `allow_priority` has it; else SynthesisError (400)."""
+        default = default_priority(surface, req.stream or req.duplex)
+        asked = check_priority(req.priority)
+        if asked is None:
+            return default
+        if priority_rank(asked) >= priority_rank(default) or asked in self.allow_priority:
+            return asked
+        allowed = [p for p in PRIORITIES if priority_rank(p) >= priority_rank(default) or p in self.allow_priority]
+        raise SynthesisError(f"priority {asked!r} is more urgent than this request's default ({default!r}), and this "
+                             f"frontend does not let clients raise it (--allow_priority): choose one of "
+                             f"{', '.join(allowed)}, or leave priority out")
+
     def check_transcript(self, prompt_text: str, name: str = "prompt_text") -> str:
         """A voice prompt's transcript that the LM can take (with one sentence to speak); SynthesisError
         naming the field `name`."""
@@ -101,26 +135,46 @@ class FrontendService:
     def stream(self, req: SynthesisRequest, surface: str, received: float | None = None,
                cancelled: threading.Event | None = None, text: queue.Queue | None = None,
                on_text: Callable[[str], None] | None = None) -> Iterator[np.ndarray]:
-        """Audio chunks (float32, `sample_rate`) as the workers make them; metrics under (surface, mode).
+        """Audio chunks (float32, `sample_rate`) as the workers make them, at the request's priority class
+        (`priority_of`); metrics under (surface, mode) and, for quality of service, (class, surface).
         Setting `cancelled` (from any thread) cancels the job at once, even while it waits in the queue.
         `text`: a duplex request's text pieces (str; None ends the text), `on_text` the normalized text its LM
         takes, see `WorkerPool.synthesize_duplex`."""
         received = time.monotonic() if received is None else received
         m, labels = self.metrics, (surface, req.mode)
         seconds, chunks = 0.0, 0
+        trace = JobTrace()
+        play = Playback(received) if req.stream or text is not None else None  # a stream: as its listener hears it
         try:
-            source = (self.pool.synthesize(self.resolve(req), cancelled) if text is None
-                      else self.pool.synthesize_duplex(self.resolve(req), text, cancelled, on_text))
+            req = replace(req, priority=self.priority_of(req, surface))
+            qos = (req.priority, surface)  # the series' labels (class, api)
+            source = (self.pool.synthesize(self.resolve(req), cancelled, trace) if text is None
+                      else self.pool.synthesize_duplex(self.resolve(req), text, cancelled, on_text, trace))
             for chunk in source:
+                now = time.monotonic()
                 if not chunks:
-                    m.first_packet.labels(*labels).observe(time.monotonic() - received)
+                    m.first_packet.labels(*labels).observe(now - received)
                 chunks += 1
                 seconds += len(chunk) / self.sample_rate
+                if play is not None:
+                    play.chunk(now, len(chunk) / self.sample_rate)
+                    if play.gaps:
+                        m.chunk_gap.labels(*qos).observe(play.gaps[-1])
+                    else:
+                        m.stream_first_packet.labels(*qos).observe(play.first_packet)
                 yield chunk
         except CosyError as e:
             m.failed(surface, req.mode, e.status, after_audio=chunks > 0)
             raise
-        m.finished(surface, req.mode, time.monotonic() - received, seconds)
+        finally:
+            if trace.queue_wait is not None:  # it reached a worker (so its class is known)
+                m.queue_wait.labels(*qos).observe(trace.queue_wait)
+        wall = time.monotonic() - received
+        m.finished(surface, req.mode, wall, seconds)
+        if play is not None:
+            m.stream_finished(*qos, play)
+        if self.pool.spec.llm_base_url and trace.backend_seconds is not None and wall > 0:
+            m.backend_share.labels(*qos).observe(min(1.0, trace.backend_seconds / wall))
 
     def synthesize(self, req: SynthesisRequest, surface: str,
                    cancelled: threading.Event | None = None) -> SynthesisResult:

@@ -4,7 +4,7 @@ streams out, with the fields of `POST /v1/audio/speech` (`cosy.frontend.openai_a
 Client -> server (JSON text messages):
     {"type": "session.config", "voice": "<reference audio / saved voice id>", "instructions": "",
      "response_format": "mp3" | "opus" | "aac" | "flac" | "wav" | "pcm", "speed": 1.0, "seed": null,
-     "enable_ssml": false}
+     "enable_ssml": false, "priority": null (interactive; default or bulk for work that can wait)}
     {"type": "input.text", "delta": "<more text>"}          any number (with enable_ssml: one, the whole document)
     {"type": "input.done"}                                   (a repeated one is ignored)
 Server -> client:
@@ -31,7 +31,7 @@ from cosy.frontend.encoding import FORMATS
 from cosy.frontend.speech_stream import SpeechRequest
 from cosy.frontend.ws_params import Dialect, TaskParams, _validated
 from cosy.frontend.ws_tasks import Task, TaskFailed, TaskSession
-from cosy.pipeline.request import SEED_RANGE, SPEED_RANGE, SynthesisRequest
+from cosy.pipeline.request import PRIORITIES, SEED_RANGE, SPEED_RANGE, SynthesisRequest
 
 
 class SessionConfig(BaseModel):
@@ -42,6 +42,7 @@ class SessionConfig(BaseModel):
     speed: float = Field(1.0, ge=0.25, le=4.0)  # clamped to what the engine does, as the HTTP API
     seed: int | None = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
     enable_ssml: bool = False  # the one input.text is an SSML document
+    priority: Literal[PRIORITIES] | None = None  # the class (None: interactive, a stream's)
 
 
 class OpenAIDialect(Dialect):
@@ -55,7 +56,8 @@ class OpenAIDialect(Dialect):
         instruct = c.instructions.strip()
         speed = min(max(c.speed, SPEED_RANGE[0]), SPEED_RANGE[1])
         synthesis = SynthesisRequest(mode="instruct" if instruct else "voice", voice_id=c.voice,
-                                     instruct_text=instruct, speed=speed, seed=c.seed, stream=True, duplex=True)
+                                     instruct_text=instruct, speed=speed, seed=c.seed, stream=True, duplex=True,
+                                     priority=c.priority)
         speech = SpeechRequest(synthesis, "openai", fmt=c.response_format, sample_rate=self.sample_rate)
         return TaskParams(speech, False, c.enable_ssml)
 

@@ -2,15 +2,15 @@
 
 PAI (`/api-ws/v1/audio/speech`), as its HTTP speech API (`cosy.frontend.pai_api`): mode
 (fast_replication | cross_lingual_replication | natural_language_replication), reference_audio_id, instruct,
-output_format (wav), sample_rate (24000), bit_rate ("192k"), volume (1.0), speed (1.0), debug, seed, enable_ssml;
-and ours:
+output_format (wav), sample_rate (24000), bit_rate ("192k"), volume (1.0), speed (1.0), debug, seed, enable_ssml,
+priority (interactive by default; `cosy.frontend.service.FrontendService.priority_of`); and ours:
 `binary_audio` (false: base64 in result-generated; true: each piece of audio as a binary frame, then its
 result-generated without audio).
 DashScope (`/api-ws/v1/inference`, its SDK's SpeechSynthesizer): voice (a reference audio / saved voice id;
 spoken with its stored transcript, PAI's fast_replication), format (mp3), sample_rate (22050), volume
-0-100 (50 = unchanged), rate 0.5-2 (speed), seed, enable_ssml; audio always as binary frames. Other keys (pitch,
-text_type, type, bit_rate) are ignored; format "Default" and sample_rate 0 (the SDK's AudioFormat.DEFAULT)
-mean mp3 at 22050 Hz.
+0-100 (50 = unchanged), rate 0.5-2 (speed), seed, enable_ssml, priority; audio always as binary frames.
+Other keys (pitch, text_type, type, bit_rate) are ignored; format "Default" and sample_rate 0 (the SDK's
+AudioFormat.DEFAULT) mean mp3 at 22050 Hz.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from cosy.errors import BadRequest
 from cosy.frontend.encoding import FORMATS
 from cosy.frontend.pai_api import DEFAULT_BIT_RATE, MODES, PaiOptions, parse_bit_rate
 from cosy.frontend.speech_stream import SpeechRequest
-from cosy.pipeline.request import SAMPLE_RATE_RANGE, SEED_RANGE, SPEED_RANGE, SynthesisRequest
+from cosy.pipeline.request import PRIORITIES, SAMPLE_RATE_RANGE, SEED_RANGE, SPEED_RANGE, SynthesisRequest
 
 
 @dataclass
@@ -52,6 +52,7 @@ class DashScopeParameters(BaseModel):
     rate: float = Field(1.0, ge=SPEED_RANGE[0], le=SPEED_RANGE[1])
     seed: int | None = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
     enable_ssml: bool = False
+    priority: Literal[PRIORITIES] | None = None  # an extension, as on the PAI socket
 
 
 def _validated(model: type[BaseModel], payload: dict, prefix: str = "parameters.") -> BaseModel:
@@ -76,7 +77,8 @@ class Dialect:
         if mode == "instruct" and not p.instruct.strip():
             raise BadRequest("parameters.instruct is required for natural_language_replication")
         synthesis = SynthesisRequest(mode=mode, voice_id=p.reference_audio_id, instruct_text=p.instruct,
-                                     speed=p.speed or 1.0, seed=p.seed, stream=True, duplex=True)
+                                     speed=p.speed or 1.0, seed=p.seed, stream=True, duplex=True,
+                                     priority=p.priority)
         speech = SpeechRequest(synthesis, "pai", fmt=p.output_format or "wav", sample_rate=p.sample_rate or 24000,
                                bit_rate=parse_bit_rate(p.bit_rate or DEFAULT_BIT_RATE),
                                volume=1.0 if p.volume is None else p.volume)
@@ -95,7 +97,7 @@ class DashScopeDialect(Dialect):
             raise BadRequest(f"parameters.sample_rate {rate} is out of range ({SAMPLE_RATE_RANGE[0]} to "
                              f"{SAMPLE_RATE_RANGE[1]})")
         synthesis = SynthesisRequest(mode="voice", voice_id=p.voice, speed=p.rate, seed=p.seed, stream=True,
-                                     duplex=True)
+                                     duplex=True, priority=p.priority)
         return TaskParams(SpeechRequest(synthesis, "pai", fmt=fmt, sample_rate=rate,
                                         volume=p.volume / 50), True, p.enable_ssml, plain_ok=True)
 

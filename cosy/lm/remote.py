@@ -5,6 +5,11 @@
 backend's RAS logits processor (cosy.vllm_plugin.ras) samples from the same distribution as the
 in-process sampler, seeded per request. Errors say what is wrong and how to fix it.
 
+Each request carries the priority of the synthesis it serves (`cosy.lm.call`: vLLM's `priority`, lower
+first, honoured by a backend started with `--scheduling-policy priority`, which `launch/backend.py` does);
+a backend that refuses the field is asked again without it, and never again with it. The time a synthesis
+waits for the backend's tokens is added to its call (`LMCall.backend_seconds`).
+
 A generation stream that brings no token for `stall_timeout` seconds (the backend is alive but frozen, or
 hopelessly overloaded) fails at once: `BackendUnavailable` before the first token (another backend may
 take the request), `BackendError` after; it is not retried on the same backend.
@@ -13,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import io
+import logging
 import re
 import threading
 import time
@@ -25,10 +31,13 @@ import torch
 from torch import Tensor
 
 from cosy.errors import BadRequest, Cancelled, Unavailable
+from cosy.lm.call import current_call
 from cosy.lm.sampling import SamplingParams
 from cosy.lm.watchdog import DEFAULT_QUEUE_TIMEOUT, DEFAULT_STALL_TIMEOUT, WATCHDOG
 from cosy.model.families.cosyvoice2 import FAMILY as COSYVOICE2
 from cosy.model.family import ModelFamily
+
+log = logging.getLogger(__name__)
 
 
 class BackendError(Unavailable, RuntimeError):
@@ -47,6 +56,9 @@ class TooLongForLM(BadRequest):
 
 # how vLLM says a request does not fit its context: max_tokens over max_model_len, or the prompt over it
 _CONTEXT_REFUSAL = re.compile(r"max_model_len|maximum context length", re.IGNORECASE)
+# how a server without per-request priorities refuses the field (vLLM documents an error for a priority other
+# than 0 without priority scheduling; a router or another server may refuse the unknown field)
+_PRIORITY_REFUSAL = re.compile(r"priority", re.IGNORECASE)
 # how often a backend whose context is not known yet (it did not answer) is asked again
 CONTEXT_RETRY_SECONDS = 10.0
 CONTEXT_ASK_TIMEOUT = 5.0  # seconds for that answer: a request waits for it
@@ -112,6 +124,7 @@ class RemoteLM:
         self._context: int | None = None  # the backend's max_model_len, once it said
         self._context_asked = float("-inf")  # when it was last asked (time.monotonic())
         self._asking = threading.Lock()  # one request thread asks; the others go on without waiting
+        self.send_priority = True  # False once the backend refused the `priority` field
 
     def context_length(self) -> int | None:
         """The most tokens (prompt and output) one request may hold: the `max_model_len` the backend lists for
@@ -173,6 +186,9 @@ class RemoteLM:
                  "stop_token_ids": stop, "ignore_eos": p.ignore_stop, "top_k": -1, "vllm_xargs": xargs}
         if logprobs:  # the backend has no tokenizer: log-probs come keyed by "token_id:N"
             extra["return_tokens_as_token_ids"] = True
+        call = current_call()
+        if call is not None and self.send_priority and call.vllm_priority:  # 0, vLLM's default, goes unsaid
+            extra["priority"] = call.vllm_priority
         # plain sampling: the backend's logits processor already turned the row into the RAS distribution.
         # prompt: an empty id list, not null: vLLM reads the prompt from prompt_embeds either way, and a router
         # that parses the body (vllm-router) rejects a null or missing prompt (422)
@@ -196,6 +212,8 @@ class RemoteLM:
                 raise BackendError(f"the LM backend at {self.base_url} answered 404 ({e.message}): "
                                    f"{_wrong_url_hint(self.base_url)}") from None
             except openai.BadRequestError as e:
+                if self._priority_refused(e):  # asked once more, without the field (never sent again)
+                    return self._open(*args, retries=retries)
                 raise self._refused(e) from None
             except openai.RateLimitError as e:  # busy (a router in front): another backend, or later, may take it
                 raise BackendUnavailable(f"the LM backend at {self.base_url} is busy ({e.message})") from None
@@ -209,6 +227,20 @@ class RemoteLM:
             except openai.APIStatusError as e:  # another 4xx (every 5xx is an InternalServerError)
                 raise self._refused(e) from None
         raise AssertionError("unreachable")
+
+    def _priority_refused(self, e: openai.APIStatusError) -> bool:
+        """Whether the backend refused the request for its `priority` field (it has no priority scheduling);
+        then it is never sent to this backend again, and the caller asks once more without it."""
+        call = current_call()
+        if not self.send_priority or call is None or not call.vllm_priority:
+            return False
+        if not _PRIORITY_REFUSAL.search(_backend_reason(e)):
+            return False
+        self.send_priority = False
+        log.warning("the LM backend at %s refused the request's priority (%s): requests go to it without "
+                    "priorities (start it with --scheduling-policy priority: launch/backend.py does)",
+                    self.base_url, _backend_reason(e))
+        return True
 
     def _refused(self, e: openai.APIStatusError) -> Exception:
         """A 4xx answer to a request: the same request would get it again, so never a retry-advised 503. Longer
@@ -250,8 +282,14 @@ class RemoteLM:
         request on the backend."""
         p = params or self.sampling
         seed = seed if seed is not None else int(torch.randint(0, 2**31 - 1, (1,)).item())
-        stream = self._open(prompt_embeds, min_len, max_new, seed, p, stop, history, logps is not None,
-                            retries=retries)
+        call, waiting = current_call(), time.monotonic()  # the backend's time: from here to each token
+        try:
+            stream = self._open(prompt_embeds, min_len, max_new, seed, p, stop, history, logps is not None,
+                                retries=retries)
+        finally:
+            if call is not None:
+                call.backend_seconds += time.monotonic() - waiting
+        waiting = time.monotonic()
         produced, finish = 0, None
         vocab = self.tokens.vocab
         # bytes are not tokens: the queue keep-alives reset httpx's read timeout, not this clock
@@ -270,7 +308,11 @@ class RemoteLM:
                                            f"{token!r}: is it serving a {self.family.name} model?")
                     produced += 1
                     watch.pause()  # the caller's time with the token is not the backend's
+                    if call is not None:
+                        call.backend_seconds += time.monotonic() - waiting
+                    waiting = None
                     yield token
+                    waiting = time.monotonic()
                     watch.restart(self.stall_timeout)
             if finish not in ("stop", "length"):  # the server went away (or aborted us) mid-request
                 error = BackendUnavailable if produced == 0 else BackendError
@@ -292,5 +334,7 @@ class RemoteLM:
                                    "the request was not completed") from None
             raise
         finally:
+            if call is not None and waiting is not None:  # the wait for what came after the last token
+                call.backend_seconds += time.monotonic() - waiting
             watch.done()
             stream.close()

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
-from cosy.errors import BadRequest
+from cosy.errors import BadRequest, echo
 from cosy.prompt.encoder import PromptFeatures
 from cosy.text.ssml import Ssml, parse
 
@@ -46,6 +46,11 @@ LM_SPEECH_PER_TEXT_TOKEN = 20
 # `Engine.synthesize_duplex`): the context holds one segment, however long the streamed text grows
 LM_DUPLEX_SEGMENT_TOKENS = 40
 EMBEDDED_LM_MAX_LEN = 8192  # the embedded LM's documented limit (the backend's is its --max_model_len)
+# Priority classes, most urgent first: a request's class orders the frontend's worker queue (then arrival, with
+# aging), its worker's flow/HiFT work and, as vLLM's `priority` (lower first), the LM backend's queue
+PRIORITIES = ("interactive", "default", "bulk")
+# the surfaces whose requests are bulk unless they say otherwise (`default_priority`)
+BULK_SURFACES = frozenset({"batch"})
 # characters that carry nothing to speak: controls (NUL ...), format (zero-width U+200B-U+200D, U+FEFF,
 # bidi marks ...), separators and the unassigned / private / surrogate ranges
 _SILENT_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zs", "Zl", "Zp"})
@@ -74,6 +79,7 @@ class SynthesisRequest:
     greedy: bool = False  # argmax decoding instead of RAS (comparisons between LM engines)
     duplex: bool = False  # the text arrives in pieces while audio streams out (`Engine.synthesize_duplex`)
     ssml: bool = False  # `text` is an SSML document (`cosy.text.ssml`): breaks, sub, say-as, phoneme, rate, volume
+    priority: str | None = None  # one of PRIORITIES; None: the surface's default (`default_priority`)
 
     def check(self) -> "SynthesisRequest":
         """Raise SynthesisError naming the first field that breaks a rule; returns self."""
@@ -86,6 +92,7 @@ class SynthesisRequest:
             check_text(getattr(self, name), name, limit, required=False)
         check_speed(self.speed)
         check_seed(self.seed)
+        check_priority(self.priority)
         if self.mode == "vc" and self.duplex:
             raise SynthesisError("mode 'vc' has no text to stream")
         if self.mode != "vc" and not self.duplex:  # duplex: the pieces are checked as they arrive
@@ -159,6 +166,26 @@ def check_seed(seed: object) -> int | None:
     if isinstance(seed, bool) or not isinstance(seed, int) or not low <= seed <= high:
         raise SynthesisError(f"seed {seed!r} is out of range ({low} to {high})")
     return seed
+
+
+def check_priority(priority: object, name: str = "priority") -> str | None:
+    """None (the surface's default) or one of PRIORITIES; SynthesisError naming `name` and the choices."""
+    if priority is None or isinstance(priority, str) and priority in PRIORITIES:
+        return priority
+    raise SynthesisError(f"{name} must be one of {', '.join(PRIORITIES)} (most urgent first), got {echo(priority)}")
+
+
+def default_priority(surface: str, stream: bool) -> str:
+    """The class of a request that names none: batch synthesis bulk, streams (the WebSocket sessions always
+    stream) interactive, the rest (whole files) default."""
+    if surface in BULK_SURFACES:
+        return "bulk"
+    return "interactive" if stream else "default"
+
+
+def priority_rank(priority: str | None) -> int:
+    """0 for the most urgent class (PRIORITIES' order); None counts as "default"."""
+    return PRIORITIES.index(priority or "default")
 
 
 def speakable(text: str) -> str:

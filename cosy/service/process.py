@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from cosy.deploy.cpus import usable_cores
 from cosy.errors import Cancelled, JobError
+from cosy.lm.call import start_call
 from cosy.pipeline.request import SynthesisRequest
 
 log = logging.getLogger(__name__)
@@ -268,12 +269,14 @@ def _serve(spec: EngineSpec, conn, cancel, health, prepare) -> None:
         if msg[0] in ("cancel", "text"):  # for a job that has finished meanwhile
             continue
         job_id, kind, payload = msg
+        call = None
         try:
             if kind == "features":
                 conn.send(("result", job_id, engine.prompt_features(payload["source"]).to_arrays()))
             else:
                 inbox = TextInbox(conn, job_id, interrupt)
                 req = SynthesisRequest.from_wire(payload)
+                call = start_call(req.priority)  # this job's LM requests carry its class, report their wait
                 chunks = (engine.synthesize_duplex(req, inbox.pieces(), inbox.taken) if kind == "duplex"
                           else engine.synthesize(req))
                 try:
@@ -287,7 +290,7 @@ def _serve(spec: EngineSpec, conn, cancel, health, prepare) -> None:
                             break
                 finally:
                     chunks.close()
-            conn.send(("done", job_id, None))
+            conn.send(("done", job_id, None if call is None else {"backend_seconds": call.backend_seconds}))
         except Cancelled:
             conn.send(("done", job_id, None))  # nobody listens any more
         except Exception as e:

@@ -2,9 +2,17 @@
 
 Each worker process holds its own `Engine` (text frontend, prompt encoder, flow, HiFT, and the embedded
 LM or a client of the LM backends) and serves up to `max_batch` requests at once (`cosy.speech`; 1 keeps
-the one-request-at-a-time loop), so `--workers N` serves N x max_batch requests. Jobs wait in one FIFO
-queue; a worker with a free slot takes the oldest. Past `max_queue` waiting jobs, `submit` refuses at once with
-`QueueFull` (the HTTP layer answers 429 with Retry-After) instead of letting callers hang. A caller that
+the one-request-at-a-time loop), so `--workers N` serves N x max_batch requests. Jobs wait in one queue served
+by priority class (`cosy.pipeline.request.PRIORITIES`: interactive, default, bulk), then by arrival: a worker
+with a free slot takes the most urgent job. Aging keeps bulk work from starving: a job moves up one class for
+every `aging` seconds it has waited. Once the pool has had an interactive request, a worker of max_batch > 1
+keeps its last slot for interactive ones, so a listener's stream starts at once beside a worker full of bulk
+work (a pool that only ever gets default or bulk work, a batch run's, uses every slot); nothing running is
+ever preempted.
+`submit` refuses at once with `QueueFull` (the HTTP layer answers 429 with Retry-After) instead of letting
+callers hang, when `max_queue` jobs of the new one's class or a more urgent one wait: bulk work that fills the
+queue never locks a listener out. With `priorities` off every job is of one class: one FIFO queue, no slot
+kept, the LM requests without priorities. A caller that
 goes away cancels its job wherever it is: a waiting job leaves the queue at once (it no longer counts in
 `waiting`), a running one stops at its next LM token (a remote LM request is aborted); at max_batch 1
 also inside flow/HiFT, within one tensor operation: the worker learns it through a shared event (seen
@@ -32,7 +40,7 @@ import numpy as np
 from cosy.deploy.cpus import sleep_idle_threads, worker_thread_env, worker_threads
 from cosy.deploy.hosts import all_on_this_machine
 from cosy.errors import Busy, Cancelled, JobError, Unavailable
-from cosy.pipeline.request import SynthesisRequest
+from cosy.pipeline.request import PRIORITIES, SynthesisRequest, priority_rank
 from cosy.prompt.encoder import PromptFeatures
 from cosy.service.placement import device_of_worker
 from cosy.service.process import DUMP, INTERRUPT, EngineSpec, worker_main
@@ -43,6 +51,7 @@ log = logging.getLogger(__name__)
 # seconds a worker gets to end its cancelled jobs (a remote LM may wait out --llm_queue_timeout, 60 s,
 # before it sees the cancel) before it counts as stuck and is killed and restarted
 CANCEL_GRACE = 90.0
+PRIORITY_AGING = 10.0  # seconds a waiting job takes to move up one priority class (`--priority_aging`)
 SHUTTING_DOWN = ("ShuttingDown", "the server is shutting down; retry", 503, None)  # a job's error tuple
 
 
@@ -79,6 +88,14 @@ class QueueFull(Busy):
 
 
 @dataclass
+class JobTrace:
+    """What the pool learns of a job for its caller's metrics."""
+
+    queue_wait: float | None = None  # s from `submit` until a worker took it
+    backend_seconds: float | None = None  # s the worker waited for the LM backends' tokens (at its end)
+
+
+@dataclass
 class Job:
     id: int
     kind: str  # "synthesize" (payload: SynthesisRequest.to_wire()) or "features" (payload: {"source": path})
@@ -87,13 +104,26 @@ class Job:
     cancelled: threading.Event = field(default_factory=threading.Event)
     submitted: float = field(default_factory=time.monotonic)
     text: queue.Queue | None = None  # "duplex": text pieces for the worker, None ends the text
+    rank: int = 1  # its priority class (0 most urgent; `priority_rank`)
+    trace: JobTrace = field(default_factory=JobTrace)
+
+    def urgency(self, now: float, aging: float) -> tuple[float, float]:
+        """Its place in the queue (lowest first): its class, one up for every `aging` s waited, then arrival."""
+        return max(0, self.rank - int((now - self.submitted) // aging)), self.submitted
 
 
 class WorkerPool:
-    def __init__(self, spec: EngineSpec, workers: int = 1, max_queue: int = 64, start_timeout: float = 900):
+    def __init__(self, spec: EngineSpec, workers: int = 1, max_queue: int = 64, start_timeout: float = 900,
+                 priorities: bool = True, aging: float = PRIORITY_AGING):
+        """`priorities`: serve by class (see the module doc), else one FIFO queue; `aging`: seconds a waiting
+        job takes to move up one class."""
         if workers < 1 or spec.max_batch < 1:
             raise ValueError("workers and max_batch must be >= 1")
+        if aging <= 0:
+            raise ValueError("aging must be > 0 seconds")
         self.spec, self.n_workers, self.max_queue = spec, workers, max_queue
+        self.priorities, self.aging = priorities, aging
+        self._interactive_seen = False  # then each worker keeps a slot for interactive jobs (see `_take`)
         self.max_batch = spec.max_batch  # jobs one worker process holds at once
         self.start_timeout = start_timeout
         self.sample_rate = 24000
@@ -182,15 +212,14 @@ class WorkerPool:
                     self._ready.wait()
                 if self._closing:
                     return
-                while self._waiting and len(live) + len(new) < self.max_batch:
-                    job = self._waiting.popleft()
-                    if not job.cancelled.is_set():
-                        new.append(job)
+                while len(live) + len(new) < self.max_batch and (job := self._take(len(live) + len(new))):
+                    new.append(job)
                 with self._lock:  # counted busy before it stops counting as waiting: no gap in the metrics
                     self._busy += len(new)
             try:
                 for job in new:
                     live[job.id] = (job, time.monotonic())
+                    job.trace.queue_wait = live[job.id][1] - job.submitted
                     with self._lock:
                         self._live[job.id] = job
                     cancel.clear()  # max_batch 1: the event speaks of the one running job
@@ -214,6 +243,8 @@ class WorkerPool:
                 if job_id not in live:
                     continue
                 job = live[job_id][0]
+                if kind == "done" and isinstance(data, dict):  # what the worker measured of the job
+                    job.trace.backend_seconds = data.get("backend_seconds")
                 if job_id not in cancel_sent or kind in ("done", "error"):  # nobody reads chunks after a cancel
                     job.out.put((kind, data))
                 if kind in ("done", "error"):
@@ -237,6 +268,21 @@ class WorkerPool:
                 except RuntimeError:
                     log.exception("worker %d could not be restarted", index)
                     return
+
+    def _take(self, held: int) -> Job | None:
+        """The most urgent waiting job a worker holding `held` jobs may take (out of the queue), or None.
+        The last of its max_batch slots is for interactive jobs only (their class, not aged into it), so a
+        listener's stream starts beside a worker full of bulk work (once the pool has had one: a batch run's
+        pool uses every slot). Called with `_ready` held."""
+        self._waiting = deque(j for j in self._waiting if not j.cancelled.is_set())
+        reserved = self._interactive_seen and self.max_batch > 1 and held >= self.max_batch - 1
+        now = time.monotonic()
+        fit = [j for j in self._waiting if not reserved or j.rank == 0]
+        if not fit:
+            return None
+        job = min(fit, key=lambda j: j.urgency(now, self.aging))
+        self._waiting.remove(job)
+        return job
 
     def _kill_stuck(self, index: int, conn, jobs: list[int]) -> None:
         """A worker whose every job is cancelled has not ended them in `cancel_grace` s: it is stuck
@@ -274,10 +320,15 @@ class WorkerPool:
             self._job_seconds = 0.8 * self._job_seconds + 0.2 * (time.monotonic() - started)
 
     def submit(self, kind: str, payload: dict, cancelled: threading.Event | None = None,
-               text: queue.Queue | None = None) -> Job:
-        """Queue a job; QueueFull at once when `max_queue` jobs already wait. `cancelled`: the caller's own
-        event (set it to cancel the job; `cancel(job)` does that and frees the queue place at once)."""
-        job = Job(next(self._ids), kind, payload, text=text)
+               text: queue.Queue | None = None, trace: JobTrace | None = None) -> Job:
+        """Queue a job; QueueFull at once when `max_queue` jobs of its class or a more urgent one already
+        wait (its class: `payload["priority"]`, default when absent). `cancelled`: the caller's own event (set
+        it to cancel the job; `cancel(job)` does that and frees the queue place at once); `trace`: filled
+        with what the pool learns of the job (`JobTrace`)."""
+        if not self.priorities and payload.get("priority") is not None:  # one class: the workers' and the LM's too
+            payload = {**payload, "priority": None}
+        rank = priority_rank(payload.get("priority"))
+        job = Job(next(self._ids), kind, payload, text=text, rank=rank, trace=trace or JobTrace())
         if cancelled is not None:
             job.cancelled = cancelled
         with self._ready:
@@ -285,9 +336,11 @@ class WorkerPool:
                 raise ShuttingDown()
             live = [j for j in self._waiting if not j.cancelled.is_set()]
             self._waiting = deque(live)
-            if len(live) >= self.max_queue:
-                raise QueueFull(len(live), self._job_seconds * (len(live) + 1) / (self.n_workers * self.max_batch))
+            ahead = sum(j.rank <= rank for j in live)
+            if ahead >= self.max_queue:
+                raise QueueFull(ahead, self._job_seconds * (ahead + 1) / (self.n_workers * self.max_batch))
             self._waiting.append(job)
+            self._interactive_seen |= rank == 0 and self.priorities
             self._ready.notify()
         return job
 
@@ -321,20 +374,23 @@ class WorkerPool:
             if not finished:  # the caller went away: out of the queue now, or stopped by its worker
                 self.cancel(job)
 
-    def synthesize(self, request: SynthesisRequest, cancelled: threading.Event | None = None) -> Iterator[np.ndarray]:
-        """Queue a synthesis; yield (N,) float32 chunks at `sample_rate` (QueueFull at once when full).
-        Closing the iterator, or setting `cancelled`, cancels the job (`Cancelled` is raised to a reader)."""
-        job = self.submit("synthesize", request.to_wire(), cancelled)
+    def synthesize(self, request: SynthesisRequest, cancelled: threading.Event | None = None,
+                   trace: JobTrace | None = None) -> Iterator[np.ndarray]:
+        """Queue a synthesis (by `request.priority`); yield (N,) float32 chunks at `sample_rate` (QueueFull at
+        once when full). Closing the iterator, or setting `cancelled`, cancels the job (`Cancelled` is raised
+        to a reader). `trace`: filled as the job goes (`JobTrace`)."""
+        job = self.submit("synthesize", request.to_wire(), cancelled, trace=trace)
         for _, chunk in self._results(job):
             yield chunk
 
     def synthesize_duplex(self, request: SynthesisRequest, text: queue.Queue,
                           cancelled: threading.Event | None = None,
-                          on_text: Callable[[str], None] | None = None) -> Iterator[np.ndarray]:
+                          on_text: Callable[[str], None] | None = None,
+                          trace: JobTrace | None = None) -> Iterator[np.ndarray]:
         """`synthesize` of a duplex request (`request.duplex`): the caller puts text pieces (str) into
         `text` while audio comes out, then None to end the text (`Engine.synthesize_duplex` in a worker).
         `on_text` gets each normalized piece the LM takes, in order with the chunks (called by this reader)."""
-        job = self.submit("duplex", request.to_wire(), cancelled, text)
+        job = self.submit("duplex", request.to_wire(), cancelled, text, trace)
         for kind, data in self._results(job):
             if kind == "taken":
                 if on_text is not None:
@@ -353,12 +409,14 @@ class WorkerPool:
         return bool(self._procs) and all(p.is_alive() for p in self._procs[-self.n_workers:])
 
     def stats(self) -> dict:
+        """workers, busy (jobs running), waiting (and `waiting_by_priority`: by class), max_batch, capacity."""
         with self._ready:
-            waiting = sum(not j.cancelled.is_set() for j in self._waiting)
+            ranks = [j.rank for j in self._waiting if not j.cancelled.is_set()]
             with self._lock:
                 busy = self._busy
-        return {"workers": self.n_workers, "busy": busy, "waiting": waiting, "max_batch": self.max_batch,
-                "capacity": self.n_workers * self.max_batch}
+        return {"workers": self.n_workers, "busy": busy, "waiting": len(ranks), "max_batch": self.max_batch,
+                "capacity": self.n_workers * self.max_batch,
+                "waiting_by_priority": {name: ranks.count(i) for i, name in enumerate(PRIORITIES)}}
 
     @property
     def draining(self) -> bool:

@@ -4,10 +4,12 @@ Each live request runs on its own thread (its LM token stream is consumed there:
 client or the embedded LM, which releases the GIL in torch ops), so the LM of every request advances at
 once. When a request's flow/HiFT work becomes due (a streaming chunk or a whole utterance), its thread
 hands the work to `run` and waits; one runner thread executes the items with all the cores, so requests
-never fight over them. Policy: first chunks before later ones (they decide first-packet latency),
-otherwise oldest request first; an item that has waited `starve_after` seconds counts as a first chunk,
-so no request starves. A cancelled request's queued items are skipped; a failing item fails only its own
-request (the exception is re-raised in that request's thread).
+never fight over them. Policy: the request's priority class first (`cosy.pipeline.request.PRIORITIES`: a
+listener's stream is not held up by bulk work), then first chunks before later ones (they decide
+first-packet latency), otherwise oldest request first; an item that has waited `starve_after` seconds
+counts as a first chunk of the most urgent class, so no request starves. A cancelled request's queued
+items are skipped; a failing item fails only its own request (the exception is re-raised in that request's
+thread).
 
 Batching: an item may carry a `Batch` (a batch function and this item's argument, with its cost in
 frames): whole-utterance and final-chunk flows (`Token2Wav.run_jobs`, one padded batch), streaming chunks'
@@ -30,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cosy.errors import Cancelled
+from cosy.pipeline.request import priority_rank
 from cosy.speech.request import LiveRequest
 
 
@@ -55,8 +58,9 @@ class WorkItem:
     error: BaseException | None = None
 
     def key(self, now: float, starve_after: float) -> tuple:
-        urgent = self.first or now - self.queued >= starve_after
-        return (not urgent, self.request.arrival, self.seq)
+        starved = now - self.queued >= starve_after
+        rank = 0 if starved else priority_rank(self.request.payload.get("priority"))
+        return (rank, not (self.first or starved), self.request.arrival, self.seq)
 
 
 RECENT_BATCHES = 1000

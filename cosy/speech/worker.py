@@ -13,6 +13,7 @@ import threading
 import time
 
 from cosy.errors import Cancelled, JobError
+from cosy.lm.call import start_call
 from cosy.pipeline.request import SynthesisRequest
 from cosy.speech.request import LiveRequest
 from cosy.speech.scheduler import SpeechScheduler
@@ -37,7 +38,7 @@ def serve(engine, conn, flow_batch: int = 1) -> None:
 
     def work(r: LiveRequest) -> None:
         scheduler.bind(r)
-        chunks = None
+        chunks = call = None
         try:
             if r.kind == "features":
                 result = engine.prompt_features(r.payload["source"]).to_arrays()
@@ -45,6 +46,7 @@ def serve(engine, conn, flow_batch: int = 1) -> None:
                     send(("result", r.id, result))
             else:
                 req = SynthesisRequest.from_wire(r.payload)
+                call = start_call(req.priority)  # this thread's LM requests carry its class, report their wait
                 chunks = (engine.synthesize_duplex(req, r.pieces(), lambda text: send(("taken", r.id, text)))
                           if r.kind == "duplex" else engine.synthesize(req))
                 for chunk in chunks:
@@ -52,7 +54,7 @@ def serve(engine, conn, flow_batch: int = 1) -> None:
                         break
                     send(("chunk", r.id, chunk.numpy()))
             if r.end():
-                send(("done", r.id, None))
+                send(("done", r.id, None if call is None else {"backend_seconds": call.backend_seconds}))
         except Cancelled:
             pass
         except Exception as e:
