@@ -84,6 +84,88 @@ def test_k8s_wiring():
         assert path.name in key["stringData"]
 
 
+# the manifests beside the base (not in its kustomization: applied on their own): the autoscaler on queue wait
+# and underruns (an overlay of the base) and the indexed batch Job
+EXTRA_K8S = (ROOT / "deploy" / "autoscaling", K8S / "batch")
+
+
+def extra_k8s_docs() -> list[tuple[str, dict]]:
+    docs = []
+    for folder in EXTRA_K8S:
+        for path in sorted(folder.glob("*.yaml")):
+            if path.name == "kustomization.yaml":
+                continue
+            for i, doc in enumerate(yaml.safe_load_all(path.read_text())):
+                docs.append((f"{folder.name}/{path.name}#{i}:{doc['kind']}/{doc['metadata']['name']}", doc))
+    return docs
+
+
+def _validate(label: str, doc: dict) -> None:
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    from kubernetes_validate import utils
+    version = utils.latest_version()
+    try:
+        kubernetes_validate.validate(doc, version, strict=True)
+    except kubernetes_validate.ValidationError as e:
+        pytest.fail(f"{label}: Kubernetes {version}: {'.'.join(map(str, e.path))}: {e.message}")
+
+
+@pytest.mark.parametrize("label,doc", extra_k8s_docs(), ids=[label for label, _ in extra_k8s_docs()])
+def test_autoscaler_and_batch_job_validate(label, doc):
+    _validate(label, doc)
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (with its kustomize) is not installed")
+@pytest.mark.parametrize("folder", [K8S, *EXTRA_K8S], ids=lambda f: f.name)
+def test_each_kustomization_renders_valid_objects(folder):
+    r = subprocess.run(["kubectl", "kustomize", str(folder)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    docs = [d for d in yaml.safe_load_all(r.stdout) if d]
+    for doc in docs:
+        _validate(f"{folder.name}: {doc['kind']}/{doc['metadata']['name']}", doc)
+    if folder.name == "autoscaling":  # the base with its HPA replaced: scaled on the adapter's metrics and CPU
+        (hpa,) = [d for d in docs if d["kind"] == "HorizontalPodAutoscaler"]
+        assert [m["type"] for m in hpa["spec"]["metrics"]] == ["Pods", "Pods", "Resource"]
+        assert len(docs) == len(k8s_docs())
+
+
+def test_the_batch_job_runs_shard_i_of_n_in_pod_i(parsers):
+    """An indexed Job of n completions, each pod's `--shard` its completion index over n; the flags exist, the
+    claims, the Secret and the key file are the base's."""
+    from manifests import missing_flags, used_flags
+
+    from cosy.batch.cli import build_parser
+    from cosy.batch.manifest import parse_shard
+    (job,) = [d for _, d in extra_k8s_docs() if d["kind"] == "Job"]
+    spec = job["spec"]
+    (c,) = spec["template"]["spec"]["containers"]
+    env = {e["name"]: e for e in c["env"]}
+    assert spec["completionMode"] == "Indexed" and spec["template"]["spec"]["restartPolicy"] == "Never"
+    assert spec["completions"] == spec["parallelism"] == int(env["SHARDS"]["value"])
+    assert env["JOB_COMPLETION_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"] == \
+        "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    shard = flag_value(c["args"], "--shard")
+    assert shard == "$(JOB_COMPLETION_INDEX)/$(SHARDS)"
+    n = spec["completions"]
+    assert [parse_shard(shard.replace("$(JOB_COMPLETION_INDEX)", str(i)).replace("$(SHARDS)", str(n)))
+            for i in range(n)] == [(i, n) for i in range(n)]
+    assert c["command"] == ["python3", "-m", "cosy", "batch"] and not c["args"][0].startswith("-")
+    known = {s for a in build_parser()._actions for s in a.option_strings} | set(parsers["frontend"]["flags"])
+    assert missing_flags(used_flags(c["args"]), known) == []
+    names = {(d["kind"], d["metadata"]["name"]) for _, d in k8s_docs()}
+    for vol in spec["template"]["spec"]["volumes"]:
+        if "persistentVolumeClaim" in vol:
+            assert ("PersistentVolumeClaim", vol["persistentVolumeClaim"]["claimName"]) in names
+        if "secret" in vol:
+            assert ("Secret", vol["secret"]["secretName"]) in names
+    (fe,) = [x for _, role, x in k8s_containers() if role == "frontend"]
+    assert flag_value(c["args"], "--llm_api_key_file") == flag_value(fe["args"], "--llm_api_key_file")
+    assert flag_value(c["args"], "--llm_base_url") == flag_value(fe["args"], "--llm_base_url")
+    # a line that failed fails the same way again: that index is not retried (exit 1); a stopped run is (exit 2)
+    (rule,) = spec["podFailurePolicy"]["rules"]
+    assert rule["action"] == "FailIndex" and rule["onExitCodes"]["values"] == [1]
+
+
 def test_frontend_shutdown_fits_the_grace_period(parsers):
     """preStop sleep + --drain_timeout must end before Kubernetes kills the pod."""
     dep = k8s_find("Deployment", "cosy-frontend")["spec"]["template"]["spec"]
