@@ -147,7 +147,8 @@ def runs(kind: str) -> list[dict]:
 def _provenance(run: dict) -> str:
     p = run["provenance"]
     load = f" (load average at the start {p['load_at_start']})" if p.get("load_at_start") else ""
-    return (f"{p['machine']}{load}; {p['date']}; commit `{p['commit'][:10]}`; "
+    commit = p["commit"][:10] + (" with uncommitted changes" if p["commit"].endswith("+dirty") else "")
+    return (f"{p['machine']}{load}; {p['date']}; commit `{commit}`; "
             f"[data]({'performance/' + run['file']}), `{p['command']}`")
 
 
