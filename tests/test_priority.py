@@ -112,8 +112,8 @@ def test_the_flow_scheduler_runs_a_listeners_later_chunk_before_an_earlier_bulk_
 
 
 @pytest.mark.quick
-def test_a_bulk_item_that_waited_long_enough_goes_first():
-    sched = SpeechScheduler(starve_after=0.3)
+def test_a_bulk_item_moves_up_a_class_every_aging_seconds_and_then_goes_first():
+    sched = SpeechScheduler(starve_after=0.3, aging=0.25)
     order, busy, release = [], threading.Event(), threading.Event()
 
     def hold() -> None:
@@ -130,7 +130,7 @@ def test_a_bulk_item_that_waited_long_enough_goes_first():
 
     old = threading.Thread(target=item, args=(LiveRequest(2, "synthesize", {"priority": "bulk"}), "bulk"))
     old.start()
-    time.sleep(0.6)  # past starve_after: it counts as the most urgent class now
+    time.sleep(0.6)  # two classes up: it competes as interactive now, and arrived first
     new = threading.Thread(target=item, args=(LiveRequest(3, "synthesize", {"priority": "interactive"}), "listener"))
     new.start()
     time.sleep(0.2)

@@ -78,9 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "files default, batch bulk): the worker queue by class then arrival, the workers' flow "
                         "work and the LM backend's queue likewise, and each worker's last slot kept for "
                         "interactive requests; off: one first-come queue (default on)")
-    p.add_argument("--priority_aging", type=float, default=10.0,
-                   help="seconds a waiting request takes to move up one priority class, so bulk work is never "
-                        "starved (default 10)")
+    from cosy.pipeline.request import PRIORITY_AGING
+    p.add_argument("--priority_aging", type=float, default=PRIORITY_AGING,
+                   help="seconds a waiting request (in the worker queue, and its flow work in a worker) takes to "
+                        f"move up one priority class, so bulk work is never starved (default {PRIORITY_AGING:g})")
     p.add_argument("--allow_priority", default="",
                    help="comma-separated classes a client may ask for above its request's default (e.g. "
                         "interactive: a whole-file API call may ask to be served as a stream is); a less urgent "

@@ -38,6 +38,7 @@ from cosy.frontend.options import (  # noqa: E402 -- app.py, the batch CLI and t
     visible_gpus,
 )
 from cosy.frontend.service import FrontendService  # noqa: E402
+from cosy.pipeline.request import PRIORITY_AGING  # noqa: E402
 from cosy.service.placement import MpsDaemon, worker_devices  # noqa: E402
 from cosy.service.workers import EngineSpec, WorkerPool  # noqa: E402
 
@@ -71,7 +72,7 @@ def build_service(args: argparse.Namespace, env: dict[str, str] | None = None) -
                       llm_variant=getattr(args, "llm_variant", None), env=dict(env or {}))
     pool = WorkerPool(spec, workers=args.workers, max_queue=args.max_queue,
                       priorities=getattr(args, "priorities", "on") == "on",
-                      aging=getattr(args, "priority_aging", 10.0)).start()
+                      aging=getattr(args, "priority_aging", PRIORITY_AGING)).start()
     service = FrontendService(pool, data)
     service.ws_idle_timeout = args.ws_idle_timeout
     service.allow_priority = frozenset(getattr(args, "allow_priority", ()))

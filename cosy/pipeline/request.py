@@ -51,6 +51,7 @@ EMBEDDED_LM_MAX_LEN = 8192  # the embedded LM's documented limit (the backend's 
 PRIORITIES = ("interactive", "default", "bulk")
 # the surfaces whose requests are bulk unless they say otherwise (`default_priority`)
 BULK_SURFACES = frozenset({"batch"})
+PRIORITY_AGING = 10.0  # seconds a waiting request (or work item) takes to move up one class (`aged_rank`)
 # characters that carry nothing to speak: controls (NUL ...), format (zero-width U+200B-U+200D, U+FEFF,
 # bidi marks ...), separators and the unassigned / private / surrogate ranges
 _SILENT_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zs", "Zl", "Zp"})
@@ -186,6 +187,12 @@ def default_priority(surface: str, stream: bool) -> str:
 def priority_rank(priority: str | None) -> int:
     """0 for the most urgent class (PRIORITIES' order); None counts as "default"."""
     return PRIORITIES.index(priority or "default")
+
+
+def aged_rank(rank: int, waited: float, aging: float = PRIORITY_AGING) -> int:
+    """The class a request (or its work) competes in after waiting `waited` s: one up every `aging` s, so that
+    work of a less urgent class is never starved (`--priority_aging`)."""
+    return max(0, rank - int(waited // aging))
 
 
 def speakable(text: str) -> str:

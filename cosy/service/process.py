@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from cosy.deploy.cpus import usable_cores
 from cosy.errors import Cancelled, JobError
 from cosy.lm.call import start_call
-from cosy.pipeline.request import SynthesisRequest
+from cosy.pipeline.request import PRIORITY_AGING, SynthesisRequest
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,7 @@ class EngineSpec:
     lm_batch: int = 0  # embedded LM with max_batch > 1: decode up to this many live requests a step (0, 1: off)
     fixed_tokens: int = 0  # benchmarks only: every request generates exactly this many speech tokens
     llm_variant: str | None = None  # another LM checkpoint of the family (CosyVoice3 "rl": llm.rl.pt)
+    priority_aging: float = PRIORITY_AGING  # s a waiting work item takes to move up one priority class
     env: dict[str, str] = field(default_factory=dict)  # set in the worker before CUDA starts (MPS pipe dir)
 
 
@@ -253,7 +254,7 @@ def _serve(spec: EngineSpec, conn, cancel, health, prepare) -> None:
     if spec.max_batch > 1:  # many live requests, their flow/HiFT work scheduled (cosy.speech)
         from cosy.speech.worker import serve
         conn.send(("ready", engine.sample_rate))
-        serve(engine, conn, spec.flow_batch)
+        serve(engine, conn, spec.flow_batch, spec.priority_aging)
         return
     interrupt = None
     if cancel is not None:

@@ -40,7 +40,7 @@ import numpy as np
 from cosy.deploy.cpus import sleep_idle_threads, worker_thread_env, worker_threads
 from cosy.deploy.hosts import all_on_this_machine
 from cosy.errors import Busy, Cancelled, JobError, Unavailable
-from cosy.pipeline.request import PRIORITIES, SynthesisRequest, priority_rank
+from cosy.pipeline.request import PRIORITIES, PRIORITY_AGING, SynthesisRequest, aged_rank, priority_rank
 from cosy.prompt.encoder import PromptFeatures
 from cosy.service.placement import device_of_worker
 from cosy.service.process import DUMP, INTERRUPT, EngineSpec, worker_main
@@ -51,7 +51,6 @@ log = logging.getLogger(__name__)
 # seconds a worker gets to end its cancelled jobs (a remote LM may wait out --llm_queue_timeout, 60 s,
 # before it sees the cancel) before it counts as stuck and is killed and restarted
 CANCEL_GRACE = 90.0
-PRIORITY_AGING = 10.0  # seconds a waiting job takes to move up one priority class (`--priority_aging`)
 SHUTTING_DOWN = ("ShuttingDown", "the server is shutting down; retry", 503, None)  # a job's error tuple
 
 
@@ -109,7 +108,7 @@ class Job:
 
     def urgency(self, now: float, aging: float) -> tuple[float, float]:
         """Its place in the queue (lowest first): its class, one up for every `aging` s waited, then arrival."""
-        return max(0, self.rank - int((now - self.submitted) // aging)), self.submitted
+        return aged_rank(self.rank, now - self.submitted, aging), self.submitted
 
 
 class WorkerPool:
@@ -175,7 +174,8 @@ class WorkerPool:
         """Worker `index`'s spec: its device from the pool's list (round-robin), its share of the cores."""
         spec = self.spec
         threads = spec.threads or worker_threads(self.n_workers)  # a share of OMP_NUM_THREADS, or of the cores
-        return EngineSpec(**{**vars(spec), "threads": threads, "device": device_of_worker(spec.device, index)})
+        return EngineSpec(**{**vars(spec), "threads": threads, "device": device_of_worker(spec.device, index),
+                             "priority_aging": self.aging})  # the flow scheduler's aging is the queue's
 
     def _spawn(self, ctx, index: int):
         parent, child = ctx.Pipe()

@@ -6,8 +6,9 @@ once. When a request's flow/HiFT work becomes due (a streaming chunk or a whole 
 hands the work to `run` and waits; one runner thread executes the items with all the cores, so requests
 never fight over them. Policy: the request's priority class first (`cosy.pipeline.request.PRIORITIES`: a
 listener's stream is not held up by bulk work), then first chunks before later ones (they decide
-first-packet latency), otherwise oldest request first; an item that has waited `starve_after` seconds
-counts as a first chunk of the most urgent class, so no request starves. A cancelled request's queued
+first-packet latency), otherwise oldest request first. An item moves up one class for every `aging` seconds
+it waits (the worker queue's rule, `aged_rank`), and one that has waited `starve_after` seconds counts as a
+first chunk, so no request starves. A cancelled request's queued
 items are skipped; a failing item fails only its own request (the exception is re-raised in that request's
 thread).
 
@@ -32,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cosy.errors import Cancelled
-from cosy.pipeline.request import priority_rank
+from cosy.pipeline.request import PRIORITY_AGING, aged_rank, priority_rank
 from cosy.speech.request import LiveRequest
 
 
@@ -57,20 +58,21 @@ class WorkItem:
     result: Any = None
     error: BaseException | None = None
 
-    def key(self, now: float, starve_after: float) -> tuple:
-        starved = now - self.queued >= starve_after
-        rank = 0 if starved else priority_rank(self.request.payload.get("priority"))
-        return (rank, not (self.first or starved), self.request.arrival, self.seq)
+    def key(self, now: float, starve_after: float, aging: float = PRIORITY_AGING) -> tuple:
+        waited = now - self.queued
+        rank = aged_rank(priority_rank(self.request.payload.get("priority")), waited, aging)
+        return (rank, not (self.first or waited >= starve_after), self.request.arrival, self.seq)
 
 
 RECENT_BATCHES = 1000
 
 
 class SpeechScheduler:
-    def __init__(self, starve_after: float = 2.0, max_frames: int = 4096, max_rows: int = 1):
+    def __init__(self, starve_after: float = 2.0, max_frames: int = 4096, max_rows: int = 1,
+                 aging: float = PRIORITY_AGING):
         # max_rows: `--flow_batch` (1 = no batching, the CPU default: there a batch row costs as much as a
         # solo run, see bench/flow_batch.py). Batched flows equal solo to ~1e-6 on the mel.
-        self.starve_after = starve_after
+        self.starve_after, self.aging = starve_after, aging
         self.max_frames, self.max_rows = max_frames, max_rows
         # (batch function, rows) of the last RECENT_BATCHES batched steps: bounded, a process runs millions
         self.batches: deque[tuple[str, int]] = deque(maxlen=RECENT_BATCHES)
@@ -132,7 +134,7 @@ class SpeechScheduler:
             if self._closed:
                 return None
             now = time.monotonic()
-            ranked = sorted(self._items, key=lambda i: i.key(now, self.starve_after))
+            ranked = sorted(self._items, key=lambda i: i.key(now, self.starve_after, self.aging))
             head = ranked[0]
             picked = [head]
             if head.batch is not None:

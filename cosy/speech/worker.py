@@ -14,7 +14,7 @@ import time
 
 from cosy.errors import Cancelled, JobError
 from cosy.lm.call import start_call
-from cosy.pipeline.request import SynthesisRequest
+from cosy.pipeline.request import PRIORITY_AGING, SynthesisRequest
 from cosy.speech.request import LiveRequest
 from cosy.speech.scheduler import SpeechScheduler
 
@@ -22,11 +22,12 @@ log = logging.getLogger(__name__)
 JOIN_TIMEOUT = 10.0  # s the worker waits for its cancelled jobs' threads before it exits
 
 
-def serve(engine, conn, flow_batch: int = 1) -> None:
+def serve(engine, conn, flow_batch: int = 1, aging: float = PRIORITY_AGING) -> None:
     """Answer the dispatcher's messages until it sends None (the pipe protocol of `cosy.service.process`).
 
-    flow_batch: most requests whose whole-utterance or final-chunk flow runs as one padded batch."""
-    scheduler = SpeechScheduler(max_rows=flow_batch)
+    flow_batch: most requests whose whole-utterance or final-chunk flow runs as one padded batch; aging:
+    seconds a work item takes to move up one priority class (the pool's --priority_aging)."""
+    scheduler = SpeechScheduler(max_rows=flow_batch, aging=aging)
     engine.speech_runner = scheduler.run
     send_lock = threading.Lock()
     live: dict[int, LiveRequest] = {}
