@@ -78,3 +78,55 @@ def test_the_series_by_class_and_api(stack):
     assert value("cosy_queue_wait_seconds_count") == 4  # the refused request never reached the queue
     assert value("cosy_backend_share_count") == 0  # the embedded LM: no backend to wait for
     assert 'cosy_queue_waiting_by_priority{priority="bulk"} 0.0' in text
+
+
+def test_the_sockets_take_a_class_and_their_streams_are_counted_under_it(stack):
+    """A PAI socket task asking for bulk, an OpenAI-style session at its default (interactive), and a task asking
+    for a class that does not exist (task-failed naming the choices)."""
+    import asyncio
+    import json
+    import uuid
+
+    import websockets
+
+    base = stack.url.replace("http://", "ws://")
+
+    async def pai_task(priority: str) -> list[dict]:
+        task = str(uuid.uuid4())
+        params = {"mode": "fast_replication", "reference_audio_id": stack.ref, "output_format": "pcm",
+                  "priority": priority}
+        events = []
+        async with websockets.connect(base + "/api-ws/v1/audio/speech", max_size=None) as ws:
+            await ws.send(json.dumps({"header": {"action": "run-task", "task_id": task, "streaming": "duplex"},
+                                      "payload": {"parameters": params, "input": {}}}))
+            for name, text in (("continue-task", SHORT), ("finish-task", None)):
+                payload = {"input": {"text": text}} if text else {"input": {}}
+                await ws.send(json.dumps({"header": {"action": name, "task_id": task}, "payload": payload}))
+            while True:
+                msg = await asyncio.wait_for(ws.recv(), 300)
+                if isinstance(msg, bytes):
+                    continue
+                events.append(json.loads(msg))
+                if events[-1]["header"]["event"] in ("task-finished", "task-failed"):
+                    return events
+
+    async def openai_session() -> str:
+        async with websockets.connect(base + "/v1/audio/speech/stream", max_size=None) as ws:
+            await ws.send(json.dumps({"type": "session.config", "voice": stack.ref, "response_format": "pcm"}))
+            await ws.send(json.dumps({"type": "input.text", "delta": SHORT}))
+            await ws.send(json.dumps({"type": "input.done"}))
+            while (kind := json.loads(await asyncio.wait_for(ws.recv(), 300))["type"]) not in (
+                    "speech.audio.done", "error"):
+                pass
+            return kind
+
+    def streams(**labels: str) -> float:
+        return metric(httpx.get(f"{stack.url}/metrics", timeout=10).text, "cosy_streams_total", **labels)
+
+    before = streams(priority="bulk", api="pai"), streams(priority="interactive", api="openai")
+    assert asyncio.run(pai_task("bulk"))[-1]["header"]["event"] == "task-finished"
+    failed = asyncio.run(pai_task("urgent"))[-1]
+    assert failed["header"]["event"] == "task-failed" and "priority" in failed["header"]["error_message"]
+    assert asyncio.run(openai_session()) == "speech.audio.done"
+    after = streams(priority="bulk", api="pai"), streams(priority="interactive", api="openai")
+    assert (after[0] - before[0], after[1] - before[1]) == (1, 1)
