@@ -43,6 +43,7 @@ from cosy.pipeline.request import (
     SynthesisRequest,
 )
 from cosy.pipeline.token2wav import FlowPrompt, Token2Wav, load_token2wav
+from cosy.pipeline.token2wav_stream import stream_room
 from cosy.prompt.encoder import PromptFeatures, VoicePromptEncoder
 from cosy.speech.scheduler import Batch
 from cosy.text.frontend import TextFrontend
@@ -215,9 +216,11 @@ class Engine:
         """Yield (N,) float32 audio chunks while text pieces arrive (`pieces` may block, e.g. a queue):
         the text is normalized as it streams (`cosy.text.stream`), the LM decodes each segment of it (a
         sentence, `_segments`) with the official bistream rules (`cosy.lm.bistream`), seeded seed + i as
-        the other surfaces' sentences are, and one streaming token2wav (one voice, one chunk schedule)
-        makes the audio of the whole utterance. `req.text` is ignored (`req.duplex` must be set).
-        `on_text` is called with each normalized piece as the LM takes it (the sentence events' source)."""
+        the other surfaces' sentences are, and a streaming token2wav (one voice, one chunk schedule) makes
+        the audio of its segments, as many as fit one stream (`_streams`; a new one, seeded seed + i at
+        segment i, starts where the next could outgrow the flow's fixed noise). `req.text` is ignored
+        (`req.duplex` must be set). `on_text` is called with each normalized piece as the LM takes it (the
+        sentence events' source)."""
         req.check()
         if not req.duplex:
             raise SynthesisError("synthesize_duplex needs a duplex request")
@@ -227,10 +230,15 @@ class Engine:
         flow_prompt = FlowPrompt(features.speech_tokens, features.mel, features.embedding, key)
         prompt_text_ids, prompt_speech = lm_prompt(self.text, self.family, req.mode, req.prompt_text,
                                                    req.instruct_text, features.speech_tokens.flatten().tolist())
-        tokens = (token for i, segment in enumerate(self._segments(pieces, on_text))
-                  for token in bistream_decode(segment, prompt_text_ids, prompt_speech,
-                                               self._bistream_steps(req, seed + i), self.family))
-        yield from self._token2wav(tokens, flow_prompt, dataclasses.replace(req, stream=True), seed)
+        decoded = ((i, bistream_decode(segment, prompt_text_ids, prompt_speech, self._bistream_steps(req, seed + i),
+                                       self.family))
+                   for i, segment in enumerate(self._segments(pieces, on_text)))
+        # a stream takes another segment only while the longest one the LM can make still fits it
+        longest = self.family.length_limits(LM_DUPLEX_SEGMENT_TOKENS)[1]
+        fill = stream_room(self.t2w, flow_prompt.tokens.shape[1], req.speed) - longest
+        req = dataclasses.replace(req, stream=True)
+        for first, tokens in _streams(decoded, fill):
+            yield from self._token2wav(tokens, flow_prompt, req, seed + first)
 
     def _segments(self, pieces: Iterable[str],
                   on_text: Callable[[str], None] | None = None) -> Iterator[Iterator[list[int]]]:
@@ -332,6 +340,37 @@ class Engine:
                 close = getattr(tokens, "close", None)
                 if close:
                     close()
+
+
+def _streams(segments: Iterator[tuple[int, Iterator[int]]],
+             fill: int) -> Iterator[tuple[int, Iterator[int]]]:
+    """The speech tokens of `segments` ((index, tokens) each, in order) as consecutive token2wav streams:
+    (index of the stream's first segment, its tokens). A stream ends after the segment that takes it past
+    `fill` tokens (then the longest segment no longer surely fits), or after the last; a segment is never
+    split. The next segment is read only when a stream goes on: a finished stream's audio is all out before
+    the next text is waited for."""
+    segments = iter(segments)
+
+    def stream(tokens: Iterator[int]) -> Iterator[int]:
+        n = 0
+        try:
+            while True:
+                for token in tokens:
+                    n += 1
+                    yield token
+                if n > fill:
+                    return
+                following = next(segments, None)
+                if following is None:
+                    return
+                tokens = following[1]
+        finally:  # the caller went away: stop the LM of the segment being decoded
+            close = getattr(tokens, "close", None)
+            if close:
+                close()
+
+    for first, tokens in segments:
+        yield first, stream(tokens)
 
 
 def _embedded_context() -> int:

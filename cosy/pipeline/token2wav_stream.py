@@ -18,6 +18,19 @@ from cosy.pipeline.speed import MelStretcher
 from cosy.pipeline.stream_vocoder import VocodeJob
 
 
+def stream_room(t2w: Any, prompt_tokens: int, speed: float = 1.0) -> int:
+    """The most speech tokens one stream of `t2w` (a `Token2Wav`) can take after a prompt of `prompt_tokens`:
+    every flow call runs over the prompt's and the stream's frames from frame 0 of the CFM's fixed noise, and a
+    vocoder with fixed noise tables (CosyVoice3's causal HiFT) reads them at each sample's place in the stream,
+    the mel stretched by 1 / `speed`. A longer utterance needs more than one stream (`Engine.synthesize_duplex`)."""
+    ratio = t2w.flow.cfg.token_mel_ratio
+    room = t2w.flow.decoder.rand_noise.size(2) // ratio - prompt_tokens
+    tables = getattr(getattr(t2w.hift, "m_source", None), "tables", None)
+    if tables is not None:
+        room = min(room, int(tables.max_samples // t2w.samples_per_frame * speed) // ratio)
+    return room
+
+
 class Token2WavStream:
     """Per-request streaming state: tokens so far, chunk offset, HiFT cache, speed stretcher."""
 
