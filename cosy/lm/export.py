@@ -10,7 +10,8 @@ lm_head = llm_decoder (with bias, hence the `CosyVoice2ForCausalLM` architecture
 text, sos and task_id reach it only as prompt embeddings, so the text embedding table and `llm_embedding`
 are not exported. CosyVoice3: the same over 6761 ids (sos/task_id are rows of the exported table but, like
 every stop id, never fed as a decode input), head without bias (`CosyVoice3ForCausalLM`).
-config.json carries `cosy_family` (the family name) for the plugin's logits processor.
+config.json carries `cosy_family` (the family name) for the plugin's logits processor, and `head_dtype`
+float32 (vLLM's option): the logits are float32 products in a bfloat16 backend too.
 The export lives in a writable cache (the model dir may be a read-only mount) under a name keyed by the
 content hash of llm.pt, so a fine-tuned llm.pt never serves stale weights. Concurrent exporters are
 serialised by file locks and every file is written under a temporary name and renamed into place.
@@ -109,8 +110,10 @@ def vllm_config(model_dir: ModelDir) -> dict:
         cfg = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise ModelDirError(f"{path} is not a readable JSON file ({type(e).__name__}: {e})") from None
+    # head_dtype: vLLM computes the logits in float32 whatever --dtype (else a bfloat16 backend's logits would
+    # be bf16 values), as the embedded LM does (`SpeechLM.logits`)
     cfg.update(architectures=[family.vllm_architecture], model_type="qwen2", tie_word_embeddings=False,
-               vocab_size=family.tokens.vocab, **{FAMILY_KEY: family.name})
+               vocab_size=family.tokens.vocab, head_dtype="float32", **{FAMILY_KEY: family.name})
     return cfg
 
 
