@@ -23,20 +23,53 @@ LOWPASS_FILTER_WIDTH = 6
 ROLLOFF = 0.99
 
 
-@lru_cache(maxsize=16)
-def _sinc_kernel(orig: int, new: int) -> tuple[torch.Tensor, int]:
-    """Filter bank (new, 1, 2*width + orig) float32 for the gcd-reduced rates, and `width` (taps each side)."""
+# The most filter-bank entries (phases x taps) built for a pair of rates: rates whose gcd is small (24000 and
+# 44101 Hz: a bank of 44101 x 24014) are resampled tap by tap instead (`_resample_direct`), the same formula
+DIRECT_BLOCK = 1 << 16  # output samples per step of `_resample_direct`
+MAX_BANK = 1 << 20
+
+
+def _width(orig: int, new: int) -> int:
+    """Taps on each side of an output sample, in input samples (gcd-reduced rates)."""
+    return math.ceil(LOWPASS_FILTER_WIDTH * orig / (min(orig, new) * ROLLOFF))
+
+
+def _taps(phases: torch.Tensor, taps: torch.Tensor, orig: int, new: int) -> torch.Tensor:
+    """The filter h at output phases p (tensor) and tap offsets m (from `width` input samples before the
+    phase's period, broadcast against them), float64 -> float32."""
     base = min(orig, new) * ROLLOFF
-    width = math.ceil(LOWPASS_FILTER_WIDTH * orig / base)
-    # Input sample offsets (in input periods) relative to the start of each output phase.
-    taps = torch.arange(-width, width + orig, dtype=torch.float64) / orig
-    phases = -torch.arange(new, dtype=torch.float64)[:, None] / new
-    t = ((phases + taps) * base).clamp(-LOWPASS_FILTER_WIDTH, LOWPASS_FILTER_WIDTH)
+    t = ((-phases / new + (taps - _width(orig, new)) / orig) * base).clamp(-LOWPASS_FILTER_WIDTH,
+                                                                           LOWPASS_FILTER_WIDTH)
     window = torch.cos(t * math.pi / LOWPASS_FILTER_WIDTH / 2) ** 2
     t = t * math.pi
     sinc = torch.where(t == 0, torch.ones_like(t), torch.sin(t) / t)
-    kernel = sinc * window * (base / orig)
-    return kernel.to(torch.float32).unsqueeze(1), width
+    return (sinc * window * (base / orig)).to(torch.float32)
+
+
+@lru_cache(maxsize=16)
+def _sinc_kernel(orig: int, new: int) -> tuple[torch.Tensor, int]:
+    """Filter bank (new, 1, 2*width + orig) float32 for the gcd-reduced rates, and `width` (taps each side)."""
+    width = _width(orig, new)
+    phases = torch.arange(new, dtype=torch.float64)[:, None]
+    taps = torch.arange(2 * width + orig, dtype=torch.float64)
+    return _taps(phases, taps, orig, new).unsqueeze(1), width
+
+
+def _resample_direct(x: torch.Tensor, orig: int, new: int) -> torch.Tensor:
+    """`resample` of (B, N) float32 without a filter bank: each output sample's 2 * width + 1 taps (all of its
+    filter's support) computed for it, a block of outputs at a time; as the bank's values, summed in
+    another order."""
+    width, n = _width(orig, new), x.shape[-1]
+    padded = F.pad(x, (width, width + orig))
+    out = []
+    for start in range(0, math.ceil(new * n / orig), DIRECT_BLOCK):
+        j = torch.arange(start, min(start + DIRECT_BLOCK, math.ceil(new * n / orig)), dtype=torch.int64)
+        k, p = j // new, j % new
+        first = p * orig // new  # the first tap in the phase's row of the bank that can be nonzero
+        m = first[:, None] + torch.arange(2 * width + 1, dtype=torch.int64)  # (J, taps), within the row
+        h = _taps(p[:, None].double(), m.double(), orig, new)
+        out.append((padded[:, k[:, None] * orig + m] * h).sum(-1))
+    return torch.cat(out, dim=-1) if out else x.new_zeros(x.shape[0], 0)
 
 
 def resample(wav: torch.Tensor, orig_sr: int, new_sr: int) -> torch.Tensor:
@@ -52,10 +85,12 @@ def resample(wav: torch.Tensor, orig_sr: int, new_sr: int) -> torch.Tensor:
         raise TypeError(f"resample needs a floating-point waveform, got {wav.dtype}")
     g = math.gcd(int(orig_sr), int(new_sr))
     orig, new = int(orig_sr) // g, int(new_sr) // g
-    kernel, width = _sinc_kernel(orig, new)
     shape = wav.shape
     x = wav.reshape(-1, shape[-1]).to(torch.float32)
     n = x.shape[-1]
+    if new * (2 * _width(orig, new) + orig) > MAX_BANK:
+        return _resample_direct(x, orig, new).reshape(*shape[:-1], -1)
+    kernel, width = _sinc_kernel(orig, new)
     # Zero padding: `width` taps of history before, and one extra input period after for the last phases.
     x = F.pad(x, (width, width + orig))
     y = F.conv1d(x[:, None], kernel.to(x.device), stride=orig)  # (B, new, frames): phase-major
