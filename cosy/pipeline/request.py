@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
-from cosy.errors import BadRequest, echo
+from cosy.errors import BadRequest, clip, echo
 from cosy.prompt.encoder import PromptFeatures
 from cosy.text.ssml import Ssml, parse
 
@@ -85,7 +85,7 @@ class SynthesisRequest:
     def check(self) -> "SynthesisRequest":
         """Raise SynthesisError naming the first field that breaks a rule; returns self."""
         if self.mode not in MODES:
-            raise SynthesisError(f"unknown mode {self.mode!r} (choose from {', '.join(MODES)})")
+            raise SynthesisError(f"unknown mode {_shown(self.mode)} (choose from {', '.join(MODES)})")
         for name, limit in (("text", MAX_TEXT_CHARS), ("prompt_text", MAX_PROMPT_TEXT_CHARS),
                             ("instruct_text", MAX_INSTRUCT_CHARS)):
             if getattr(self, name) is None:
@@ -131,6 +131,12 @@ class SynthesisRequest:
         return cls(**{**wire, "voice": PromptFeatures.from_arrays(voice) if voice is not None else None})
 
 
+def _shown(value: object) -> str:
+    """A client's value in an error message: a number as written, anything else quoted (`cosy.errors.echo`);
+    at most ECHO_CHARS characters of either."""
+    return clip(repr(value)) if isinstance(value, (int, float)) else echo(value)
+
+
 def as_number(value: object, name: str, kind: type = float) -> float | int | None:
     """A number from a loosely typed surface (gradio sends floats for ints, raw API calls anything):
     None stays None; whole floats become ints for `kind=int`; anything else is a SynthesisError naming `name`."""
@@ -140,13 +146,13 @@ def as_number(value: object, name: str, kind: type = float) -> float | int | Non
         try:
             value = float(value.strip())
         except ValueError:
-            raise SynthesisError(f"{name} must be a number, got {value!r}") from None
+            raise SynthesisError(f"{name} must be a number, got {_shown(value)}") from None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-        raise SynthesisError(f"{name} must be a number, got {value!r}")
+        raise SynthesisError(f"{name} must be a number, got {_shown(value)}")
     try:
         if kind is int:
             if float(value) != int(value):
-                raise SynthesisError(f"{name} must be a whole number, got {value!r}")
+                raise SynthesisError(f"{name} must be a whole number, got {_shown(value)}")
             return int(value)
         return float(value)
     except OverflowError:  # infinite, or a whole number beyond any float (JSON allows both)
@@ -156,7 +162,7 @@ def as_number(value: object, name: str, kind: type = float) -> float | int | Non
 def check_speed(speed: object) -> float:
     low, high = SPEED_RANGE
     if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not low <= speed <= high:
-        raise SynthesisError(f"speed {speed!r} is out of range ({low} to {high})")
+        raise SynthesisError(f"speed {_shown(speed)} is out of range ({low} to {high})")
     return float(speed)
 
 
@@ -165,7 +171,7 @@ def check_seed(seed: object) -> int | None:
         return None
     low, high = SEED_RANGE
     if isinstance(seed, bool) or not isinstance(seed, int) or not low <= seed <= high:
-        raise SynthesisError(f"seed {seed!r} is out of range ({low} to {high})")
+        raise SynthesisError(f"seed {_shown(seed)} is out of range ({low} to {high})")
     return seed
 
 
@@ -218,7 +224,7 @@ def check_range(value: object, name: str, low: float, high: float, kind: type = 
     if number is None:
         raise SynthesisError(f"{name} is required ({low:g} to {high:g})")
     if not math.isfinite(number) or not low <= number <= high:
-        raise SynthesisError(f"{name} {value!r} is out of range ({low:g} to {high:g})")
+        raise SynthesisError(f"{name} {_shown(value)} is out of range ({low:g} to {high:g})")
     return number
 
 
