@@ -2,8 +2,9 @@
 made from Debian's packages, podman-compose starts `compose.yaml` on the loopback with a tiny random model, and
 the deployment's promises are checked through its HAProxy: PAI and gradio_client, a voice saved through one
 frontend and used through the other, the backend restarted under running frontends, a frontend killed
-mid-stream and one stopped mid-stream (its drain), `down` then `up` keeping the saved voices, and the key in no
-inspect output, image history or log.
+mid-stream and one stopped mid-stream (its drain), `down` then `up` keeping the saved voices, the stack's
+Prometheus (its image built from Debian's package) answering queries for the frontends' priority and streaming
+series, and the key in no inspect output, image history or log.
 
 The tests of this module run in order on one stack. The module leaves the machine as it found it, but for one
 copy of each image (the tagged one, the next run's build cache): before the build and after the last test,
@@ -41,6 +42,7 @@ from cosy.deploy import haproxy
 ROOT = Path(__file__).resolve().parents[1]
 BASE = "localhost/cosy-test-base:bookworm"
 IMAGES = {role: f"localhost/cosy-{role}:cpu-test" for role in ("backend", "frontend")}
+PROMETHEUS_IMAGE = "localhost/cosy-prometheus:test"  # deploy/monitoring/Containerfile
 PROJECT = "cosyimgtest"
 ZS_TEXT = "希望你以后能够做的比我还好呦。"
 LONG_TEXT = "今天天气很好，我们一起去公园散步，看看花草树木，听听鸟儿唱歌。" * 6
@@ -116,7 +118,9 @@ class Stack:
         subprocess.run(["chmod", "-R", "a+rX", str(model)], check=True)
         self.env = {**env, "COSY_MODEL_DIR": str(model), "COSY_LLM_API_KEY_FILE": str(key_file),
                     "COSY_PORT": str(self.port), "COSY_HAPROXY_IMAGE": BASE, "COSY_DRAIN_TIMEOUT": str(DRAIN),
-                    "COSY_BACKEND_IMAGE": IMAGES["backend"], "COSY_FRONTEND_IMAGE": IMAGES["frontend"]}
+                    "COSY_BACKEND_IMAGE": IMAGES["backend"], "COSY_FRONTEND_IMAGE": IMAGES["frontend"],
+                    "COSY_PROMETHEUS_IMAGE": PROMETHEUS_IMAGE, "COSY_PROMETHEUS_PORT": str(free_port())}
+        self.prometheus = f"http://127.0.0.1:{self.env['COSY_PROMETHEUS_PORT']}"
         exe = Path(sys.executable).parent / "podman-compose"
         self.compose_cmd = [str(exe) if exe.exists() else "podman-compose", "-p", PROJECT, "-f",
                             str(ROOT / "compose.yaml")]
@@ -156,7 +160,8 @@ class Stack:
 
 
 PROJECT_LABEL = f"label=io.podman.compose.project={PROJECT}"
-IMAGE_LABELS = [f"label=org.opencontainers.image.title=cosy-{role}" for role in IMAGES]  # deploy/Containerfile
+IMAGE_LABELS = [f"label=org.opencontainers.image.title=cosy-{role}"  # deploy/Containerfile, deploy/monitoring's
+                for role in (*IMAGES, "prometheus")]
 
 
 def remove_leftovers(env: dict) -> dict[str, int]:
@@ -211,8 +216,15 @@ def images(env, tmp_path_factory):
              "-f", "deploy/Containerfile", "-t", IMAGES[role], "."], env, timeout=1800)
         return time.monotonic() - start
 
+    def build_prometheus() -> float:  # Debian's package on the same base; apt reaches the base's mirror
+        start = time.monotonic()
+        run(["podman", "build", "--format", "docker", "--network=host", "--build-arg", f"BASE={BASE}",
+             "-f", "deploy/monitoring/Containerfile", "-t", PROMETHEUS_IMAGE, "."], env, timeout=1800)
+        return time.monotonic() - start
+
     with ThreadPoolExecutor(2) as pool:
         seconds = dict(zip(IMAGES, pool.map(build, IMAGES)))
+    seconds["prometheus"] = build_prometheus()
     print(f"\nthe builds before under the same tags, removed: {remove_leftovers(env)}")
     for label in IMAGE_LABELS:  # one copy of each image: the tagged one and the layers under it
         left = run(["podman", "images", "-a", "--filter", "dangling=true", "--filter", label, "-q"], env).stdout
@@ -299,6 +311,46 @@ def test_pai_and_gradio_client_through_haproxy_and_a_voice_shared_by_both_fronte
     stack.ref = ref
 
 
+def prometheus_query(stack: Stack, query: str) -> list[dict]:
+    r = httpx.get(f"{stack.prometheus}/api/v1/query", params={"query": query}, timeout=30)
+    assert r.status_code == 200 and r.json()["status"] == "success", r.text[:500]
+    return r.json()["data"]["result"]
+
+
+def test_prometheus_scrapes_the_backend_and_both_frontends_and_has_the_new_series(stack):
+    """After a few requests (streams at their default class, whole files asking for bulk), the stack's
+    Prometheus answers its HTTP API's queries for the priority and streaming series of both frontends, scraped
+    with the key, and for vLLM's; its alerting rules are loaded."""
+    for _ in range(2):
+        Stream(stack.url, stack.ref, "你好，欢迎使用。").join(300)
+    for _ in range(2):
+        body = {"input": {"mode": "fast_replication", "text": "你好。", "reference_audio_id": stack.ref,
+                          "priority": "bulk"}, "stream": False}
+        assert httpx.post(f"{stack.url}/api/v1/audio/speech", json=body, timeout=300).status_code == 200
+    wanted = {"cosy_stream_first_packet_seconds_count": {"priority": "interactive", "api": "pai"},
+              "cosy_streams_total": {"priority": "interactive", "api": "pai"},
+              "cosy_stream_underrun_seconds_count": {"priority": "interactive", "api": "pai"},
+              "cosy_queue_wait_seconds_count": {"priority": "bulk", "api": "pai"},
+              "cosy_backend_share_count": {"priority": "bulk", "api": "pai"}}
+    deadline, missing = time.monotonic() + 120, dict(wanted)
+    while missing and time.monotonic() < deadline:  # scraped every 5 s
+        for name, labels in list(missing.items()):
+            selector = ",".join(f'{k}="{v}"' for k, v in labels.items())
+            if sum(float(s["value"][1]) for s in prometheus_query(stack, f"{name}{{{selector}}}")) > 0:
+                del missing[name]
+        time.sleep(2)
+    assert not missing, f"Prometheus has no samples of {sorted(missing)}"
+    up = {(s["metric"]["job"], s["metric"]["instance"]): s["value"][1] for s in prometheus_query(stack, "up")}
+    assert up == {("cosy-backend", "backend:8000"): "1", ("cosy-frontend", "frontend1:50000"): "1",
+                  ("cosy-frontend", "frontend2:50000"): "1"}, up
+    assert prometheus_query(stack, "vllm:num_requests_running"), "no vLLM series: the backend's scrape failed"
+    assert {s["metric"]["priority"] for s in prometheus_query(stack, "cosy_queue_waiting_by_priority")} == {
+        "interactive", "default", "bulk"}
+    rules = httpx.get(f"{stack.prometheus}/api/v1/rules", timeout=30).json()["data"]["groups"]
+    assert {g["name"] for g in rules} == {"cosy-streams", "cosy-queue", "cosy-targets"}
+    assert all(r["health"] == "ok" for g in rules for r in g["rules"]), rules
+
+
 def test_backend_restarted_and_the_frontends_serve_again_without_a_restart_of_theirs(stack):
     before = {s: stack.state(s)["StartedAt"] for s in ("frontend1", "frontend2")}
     stack.podman("restart", stack.container("backend"), timeout=180)
@@ -361,7 +413,7 @@ def test_down_then_up_keeps_the_saved_voices(stack):
 
 def test_the_key_is_in_no_inspect_history_or_log(stack):
     texts = []
-    for service in ("backend", "frontend1", "frontend2", "proxy"):
+    for service in ("backend", "frontend1", "frontend2", "proxy", "prometheus"):
         name = stack.container(service)
         texts += [stack.podman("inspect", name).stdout, stack.podman("logs", name).stdout,
                   stack.podman("logs", name).stderr]

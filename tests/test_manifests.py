@@ -229,7 +229,7 @@ def test_compose_frontends_trust_the_proxy_and_only_it():
 
 def test_compose_loads():
     doc = compose()
-    assert set(doc["services"]) == {"backend", "frontend1", "frontend2", "proxy"}
+    assert set(doc["services"]) == {"backend", "frontend1", "frontend2", "proxy", "prometheus"}
     assert doc["services"]["frontend1"] == doc["services"]["frontend2"]  # the one anchor
 
 
