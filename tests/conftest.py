@@ -294,3 +294,19 @@ def cv3_backend(request):
 
 
 from http_stack import stack  # noqa: E402,F401 -- the HTTP API tests' module-scoped server fixture
+
+
+def assert_linear(fn, make, small: int, big: int) -> None:
+    """fn(make(big)) costs about big/small times fn(make(small)), not its square (a quadratic scan or a
+    backtracking pattern), each timed as the fastest of three calls (the least disturbed by other work on a
+    shared machine); the bounds leave room for that noise: 3x the linear ratio, and a floor of 5 ms."""
+    def fastest(arg) -> float:
+        best = float("inf")
+        for _ in range(3):
+            start = time.perf_counter()
+            fn(arg)
+            best = min(best, time.perf_counter() - start)
+        return best
+    t_small = fastest(make(small))
+    t_big = fastest(make(big))
+    assert t_big < 3 * (big / small) * t_small + 0.005, (t_small, t_big)

@@ -3,9 +3,8 @@ redaction every error message goes through (`cosy.errors.public_message`, in the
 the duplex text's held-back tail (`cosy.text.stream.split_tail`, in a worker, per WebSocket message)."""
 from __future__ import annotations
 
-import time
-
 import pytest
+from conftest import assert_linear
 
 from cosy.errors import echo, public_message
 from cosy.text.stream import split_tail
@@ -13,22 +12,8 @@ from cosy.text.stream import split_tail
 pytestmark = pytest.mark.quick
 
 
-def _seconds(fn, arg: str) -> float:
-    """The fastest of three calls (the least disturbed by other work on the machine)."""
-    best = float("inf")
-    for _ in range(3):
-        start = time.perf_counter()
-        fn(arg)
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
 def _linear(fn, make, small: int = 10_000, big: int = 100_000) -> None:
-    """fn(make(big)) costs about ten times fn(make(small)), not a hundred (a quadratic scan)."""
-    t_small = _seconds(fn, make(small))
-    assert t_small < 0.02, t_small
-    t_big = _seconds(fn, make(big))
-    assert t_big < 30 * t_small + 0.005, (t_small, t_big)
+    assert_linear(fn, make, small, big)
 
 
 @pytest.mark.parametrize("unit", ["a.", "a-", "a+", "x1", "/a-", "-/a", "a ", "a://", "1.2.3.4:"])
