@@ -21,7 +21,7 @@ import soundfile as sf
 
 from cosy.deploy.voices import VoiceStore
 from cosy.errors import CosyError
-from cosy.model.precision import DTYPES, resolve_dtype
+from cosy.model.precision import DTYPE_CHOICES, describe, resolve_dtype
 from cosy.pipeline.engine import Engine
 from cosy.pipeline.request import MODES, SPEED_RANGE, SynthesisError, SynthesisRequest
 
@@ -57,9 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--llm_variant", default=None,
                    help="LM checkpoint: default (llm.pt) or rl (CosyVoice3: llm.rl.pt, RL-tuned)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
-    p.add_argument("--dtype", choices=DTYPES, default="float32",
+    p.add_argument("--dtype", choices=DTYPE_CHOICES, default="float32",
                    help="the LM's and flow estimator's dtype; the ODE, the flow encoder and HiFT stay float32 "
-                        "(default float32; float16 needs CUDA; docs: Precision)")
+                        "(default float32; float16 needs CUDA; auto: bfloat16 for each where the CPU or GPU has "
+                        "bfloat16 units, float32 elsewhere; docs: Precision)")
     p.add_argument("--no_tf32", dest="tf32", action="store_false",
                    help="strict float32 on CUDA (default: TF32 matmuls and convolutions; docs: Precision)")
     p.add_argument("--compile", action="store_true",
@@ -123,6 +124,9 @@ def main(argv: list[str] | None = None) -> int:
         return batch(argv[1:])
     args = parse_args(argv)
     try:
+        if args.dtype != "float32":  # what was chosen, and why (`auto`)
+            roles = ("flow",) if args.llm_base_url else ("lm", "flow")
+            print(f"dtype: {describe(args.dtype, args.device, roles)}", file=sys.stderr)
         engine = Engine.from_model_dir(args.model_dir, device=args.device, dtype=args.dtype, tf32=args.tf32,
                                        ttsfrd_dir=args.ttsfrd_dir, llm_base_url=args.llm_base_url,
                                        llm_api_key=args.llm_api_key, llm_variant=args.llm_variant,

@@ -59,15 +59,51 @@ def test_auto_picks_per_role_from_the_units(monkeypatch):
         assert resolve_dtype("auto", "cpu", role) is getattr(torch, name)
     line = describe("auto", "cpu", ROLES)
     assert line.startswith("auto: LM ") and "flow " in line and "backend " in line and (unit or "no bfloat16") in line
-    assert describe("float32", "cpu") == "float32 (LM, flow)"
+    assert describe("float32", "cpu") == "LM float32, flow float32"
+    assert describe("bfloat16", "cpu", ("flow",)) == "flow bfloat16"
+    assert describe("bfloat16", "cpu").startswith("LM bfloat16, flow bfloat16; the LM's ")
     # a CPU without the units (oneDNN capped below them stands in for one): float32 for every role
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE")
     assert cpu_bf16_units() is None
-    assert all(auto_dtype("cpu", r) == ("float32", "the CPU has no bfloat16 matrix unit (AMX-BF16, AVX512-BF16)")
-               for r in ROLES)
+    none = "the CPU has no bfloat16 matrix unit, neither AMX-BF16 nor AVX512-BF16"
+    assert all(auto_dtype("cpu", r) == ("float32", none) for r in ROLES)
     assert resolve_dtype("auto", "cpu", "flow") is torch.float32
     with pytest.raises(ValueError, match="role must be one of"):
         auto_dtype("cpu", "hift")
+
+
+def test_auto_in_every_role_s_flags(monkeypatch):
+    """`--dtype auto` is accepted by the frontend, the CLI and the backend, which hands vLLM what the rule
+    picked for it (vLLM's own `auto`, the checkpoint's dtype, is not what it means here)."""
+    from pathlib import Path
+
+    from cosy.__main__ import parse_args as cli_args
+    from cosy.deploy.backend import parse_args as backend_args
+    from cosy.deploy.backend import vllm_command
+    from cosy.frontend.options import parse_args as app_args
+    assert app_args(["--device", "cpu", "--dtype", "auto"]).dtype == "auto"
+    assert cli_args(["--model_dir", "m", "--mode", "cross_lingual", "--text", "x", "--out", "x.wav",
+                     "--dtype", "auto"]).dtype == "auto"
+
+    def backend(*argv: str) -> str:
+        args, extra = backend_args(["--model_dir", "m", "--no_api_key", *argv])
+        cmd, _ = vllm_command(args, Path("export"), "name", False, extra)
+        return cmd[cmd.index("--dtype") + 1]
+
+    assert backend() == "float32" and backend("--dtype", "bfloat16") == "bfloat16"
+    assert backend("--dtype", "auto") == auto_dtype("cpu", "backend")[0]
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")  # a CPU without the units
+    assert backend("--dtype", "auto") == "float32"
+
+
+def test_engine_with_auto_takes_each_role_s_pick(tiny_model_dir, monkeypatch):
+    for cap in ("", "AVX512_CORE"):  # this CPU as it is; one without bfloat16 units
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+        engine = Engine.from_model_dir(tiny_model_dir, dtype="auto")
+        assert engine.lm.dtype is resolve_dtype("auto", "cpu", "lm")
+        assert next(engine.t2w.flow.decoder.estimator.parameters()).dtype is resolve_dtype("auto", "cpu", "flow")
+        if cap:
+            assert engine.lm.dtype is torch.float32
 
 
 def _prompt_and_tokens(n_prompt=25, n=90):

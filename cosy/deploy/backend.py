@@ -44,6 +44,7 @@ from cosy.deploy.hosts import is_loopback
 from cosy.deploy.temp_root import TempRoot
 from cosy.lm.export import WEIGHTS, export_for_vllm, llm_fingerprint, served_model_name
 from cosy.model.files import ModelDir, ModelDirError
+from cosy.model.precision import backend_dtype
 from cosy.vllm_plugin import KEEPALIVE, LOGITS_PROCESSOR
 
 API_KEY_ENV = "COSY_LLM_API_KEY"
@@ -78,7 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--api_key_file", default=None,
                    help="read the key from this file (trailing newline stripped; keeps it out of ps)")
     p.add_argument("--no_api_key", action="store_true", help="serve without authentication")
-    p.add_argument("--dtype", default=None, help="float32 on CPU, bfloat16 on GPU by default")
+    p.add_argument("--dtype", default=None,
+                   help="float32 on CPU, bfloat16 on GPU by default; auto: bfloat16 where the CPU or GPU has "
+                        "bfloat16 units, float32 elsewhere (logged at start-up); other names go to vLLM")
     p.add_argument("--gpu_memory_utilization", type=float, default=None,
                    help="fraction of GPU memory vLLM may take (vLLM's own default, about 0.9, starves frontends "
                         "on the same GPU); default: none, the KV cache is sized by --kv_cache_gib instead")
@@ -135,7 +138,7 @@ def vllm_command(args: argparse.Namespace, export_dir: Path, name: str, gpu: boo
     `gpu_total`: the card's bytes (`gpu_memory.gpu_total_bytes`), for the share that a fixed KV cache needs."""
     cmd = [sys.executable, "-m", "cosy.vllm_plugin.serve", "--model", str(export_dir),
            "--served-model-name", name, "--host", args.host, "--port", str(args.port),
-           "--dtype", args.dtype or ("bfloat16" if gpu else "float32"),
+           "--dtype", backend_dtype(args.dtype, gpu)[0],
            "--max-model-len", str(args.max_model_len or (4096 if gpu else 2048)),
            "--max-num-seqs", str(args.max_num_seqs or (64 if gpu else 16)),
            # text and voice prompt arrive as embeddings; outputs are ids: no tokenizer, no generation config
@@ -347,7 +350,9 @@ def temp_env(root: Path, gpu: bool) -> dict[str, str]:
 def _serve(args: argparse.Namespace, cmd: list[str], env: dict[str, str], export_dir: Path, name: str,
            gpu: bool) -> int:
     """Run vLLM until it ends; its exit status."""
-    print(f"cosy backend: serving {export_dir} as {name} on {'GPU' if gpu else 'CPU'}", file=sys.stderr)
+    dtype, why = backend_dtype(args.dtype, gpu)
+    print(f"cosy backend: serving {export_dir} as {name} on {'GPU' if gpu else 'CPU'} in {dtype} ({why})",
+          file=sys.stderr)
     child = Child(cmd, env, args.nice)
     stopping = []
 

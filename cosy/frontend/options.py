@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from cosy.frontend import store
-from cosy.model.precision import DTYPES, resolve_dtype
+from cosy.model.precision import DTYPE_CHOICES, resolve_dtype
 from cosy.service.placement import worker_devices
 
 
@@ -89,9 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=None,
                    help="where the workers run the models: cpu, cuda (every visible GPU, workers round-robin), "
                         "cuda:N, or a list cuda:0,cuda:1 (default cuda if available, else cpu)")
-    p.add_argument("--dtype", choices=DTYPES, default="float32",
+    p.add_argument("--dtype", choices=DTYPE_CHOICES, default="float32",
                    help="the LM's and flow estimator's dtype; the ODE, the flow encoder and HiFT stay float32 "
-                        "(default float32; float16 needs CUDA; see README 'Precision')")
+                        "(default float32; float16 needs CUDA; auto: bfloat16 for each where the CPU or GPU has "
+                        "bfloat16 units, float32 elsewhere, logged at start-up; see README 'Precision')")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the flow estimator and the embedded LM's stack (compiled at start-up; "
                         "fused kernels, mainly for GPUs; see README 'Precision')")

@@ -58,7 +58,10 @@ def build_service(args: argparse.Namespace, env: dict[str, str] | None = None) -
     ttsfrd = resolve_ttsfrd_dir(args.ttsfrd_dir, data.models_root)
     device = ",".join(worker_devices(args.device or default_device(), visible_gpus()))
     lm = f"LM backends {args.llm_base_url}" if args.llm_base_url else "embedded LM"
-    say(f"starting {args.workers} worker(s) on {device} ({getattr(args, 'dtype', 'float32')}): {model_dir}, {lm}")
+    from cosy.model.precision import describe
+    dtype = describe(getattr(args, "dtype", "float32"), device.split(",")[0],
+                     ("flow",) if args.llm_base_url else ("lm", "flow"))  # what `auto` chose, and why
+    say(f"starting {args.workers} worker(s) on {device} ({dtype}): {model_dir}, {lm}")
     spec = EngineSpec(str(model_dir), device=device, dtype=getattr(args, "dtype", "float32"),
                       tf32=getattr(args, "tf32", True), compile=getattr(args, "compile", False),
                       ttsfrd_dir=str(ttsfrd) if ttsfrd else None,

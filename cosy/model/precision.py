@@ -87,7 +87,7 @@ def auto_dtype(device: str | torch.device, role: str) -> tuple[str, str]:
         return "float32", f"no bfloat16 rule for {dev.type}"
     unit = cpu_bf16_units()
     if unit is None:
-        return "float32", "the CPU has no bfloat16 matrix unit (AMX-BF16, AVX512-BF16)"
+        return "float32", "the CPU has no bfloat16 matrix unit, neither AMX-BF16 nor AVX512-BF16"
     if unit in AUTO_CPU_ROLES[role]:
         return "bfloat16", f"the CPU has {unit}"
     return "float32", f"the CPU has {unit}, which the {ROLE_NAMES[role]} does not gain from"
@@ -99,12 +99,28 @@ def dtype_name(name: str, device: str | torch.device, role: str) -> str:
 
 
 def describe(name: str, device: str | torch.device, roles: tuple[str, ...] = ("lm", "flow")) -> str:
-    """For the start-up log: what `--dtype name` chose for each of `roles` on `device`, and why."""
-    if name != AUTO:
-        return f"{name} ({', '.join(ROLE_NAMES[r] for r in roles)})"
-    picks = [(r, *auto_dtype(device, r)) for r in roles]
-    whys = sorted({why for _, _, why in picks})
-    return "auto: " + ", ".join(f"{ROLE_NAMES[r]} {d}" for r, d, _ in picks) + f" ({'; '.join(whys)})"
+    """For the start-up log: what `--dtype name` chose for each of `roles` on `device` (why, for `auto`), and
+    on the CPU how a bfloat16 LM runs its linear layers (`cosy.lm.qwen2.pack_linears`)."""
+    picks = [(r, dtype_name(name, device, r)) for r in roles]
+    text = ", ".join(f"{ROLE_NAMES[r]} {d}" for r, d in picks)
+    if name == AUTO:
+        text = f"auto: {text} ({'; '.join(sorted({auto_dtype(device, r)[1] for r in roles}))})"
+    if torch.device(device).type == "cpu" and ("lm", "bfloat16") in picks:
+        unit = cpu_bf16_units()
+        text += (f"; the LM's linear layers on oneDNN-prepacked weights ({unit})" if unit else
+                 "; the LM's bfloat16 weights as they are (no bfloat16 unit to pack them for)")
+    return text
+
+
+def backend_dtype(name: str | None, gpu: bool) -> tuple[str, str]:
+    """The vLLM `--dtype` of `launch/backend.py --dtype name`, and why: None is bfloat16 on a GPU, float32 on
+    the CPU; `auto` is `auto_dtype`'s for the backend role (vLLM's own `auto`, the checkpoint's dtype, is not
+    offered); any other name goes to vLLM as it is."""
+    if name is None:
+        return ("bfloat16", "the GPU default") if gpu else ("float32", "the CPU default")
+    if name == AUTO:
+        return auto_dtype("cuda" if gpu else "cpu", "backend")
+    return name, "as asked"
 
 
 def resolve_dtype(name: str, device: str | torch.device, role: str = "lm") -> torch.dtype:

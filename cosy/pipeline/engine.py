@@ -94,17 +94,19 @@ class Engine:
         streaming flow state budget (`load_token2wav`).
         `llm_variant`: another LM checkpoint of the family (CosyVoice3 "rl": llm.rl.pt), embedded or served.
 
-        `dtype` (or its name, `--dtype`): the embedded LM's and the flow estimator's; the rest stays float32
+        `dtype` (or its name, `--dtype`; `auto` picks for each of the two): the embedded LM's and the flow
+        estimator's; the rest stays float32
         (`cosy.model.precision`, which also says where it is allowed: ValueError otherwise). `tf32`: on a
         CUDA device, TF32 matmuls and convolutions for this process (False: strict float32). `compile`:
         torch.compile the flow estimator and the embedded LM's stack, compiled here before any request
         (`cosy.pipeline.compiled`); `flow_batch` > 1 (the worker batches flows) compiles the batched graphs
         too. `llm_split_first_chunk` (auto, on, off): a streamed utterance's first chunk decoded apart on the
         backends (`cosy.lm.first_chunk`; auto: when they are on this machine)."""
-        if isinstance(dtype, str):
-            dtype = resolve_dtype(dtype, device)
+        if isinstance(dtype, str):  # `auto` picks per role
+            dtype, flow_dtype = resolve_dtype(dtype, device, "lm"), resolve_dtype(dtype, device, "flow")
         else:
             resolve_dtype(str(dtype).removeprefix("torch."), device)
+            flow_dtype = dtype
         set_tf32(device, tf32)
         md = ModelDir(model_dir)
         family = md.family
@@ -125,7 +127,7 @@ class Engine:
             prompt_embeds = lm.prompt_embeds
             context = _embedded_context
         gpu = torch.device(device).index or 0  # the speech tokenizer's GPU, if onnxruntime has CUDA
-        t2w = load_token2wav(md, device, dtype, cache_mb)
+        t2w = load_token2wav(md, device, flow_dtype, cache_mb)
         if compile:
             from cosy.pipeline import compiled
             compiled.compile_flow(t2w.flow)
