@@ -47,3 +47,14 @@ def test_a_short_value_is_quoted_whole():
         check_range("9", "speed", 0.5, 2.0)
     with pytest.raises(SynthesisError, match=r"seed -1 is out of range"):
         check_seed(-1)
+
+
+def test_an_output_format_and_a_model_name_are_quoted_in_part():
+    from cosy.deploy.data_dir import check_name
+    from cosy.frontend.encoding import EncodingError, make_encoder
+    with pytest.raises(EncodingError) as e:
+        make_encoder("f" * 50_000, 24000)
+    assert "unsupported output format 'fff" in str(e.value) and len(str(e.value)) < ECHO_CHARS + 100
+    with pytest.raises(ValueError) as e:
+        check_name("m" * 50_000)
+    assert "invalid model name 'mmm" in str(e.value) and len(str(e.value)) < ECHO_CHARS + 120

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path, PurePosixPath
 
 from cosy.deploy.voices import VOICE_ID, VoiceStore
-from cosy.errors import BadRequest, PayloadTooLarge, UnsupportedMedia, storing
+from cosy.errors import BadRequest, PayloadTooLarge, UnsupportedMedia, echo, storing
 from cosy.model.files import ModelDir, ModelDirError
 
 UPLOAD_EXTENSIONS = frozenset({"wav", "mp3", "flac", "ogg", "opus", "aac", "m4a", "pcm", "webm"})
@@ -28,7 +28,7 @@ MAX_UPLOAD_BYTES = 20 * 1024 * 1024
 def check_name(name: str, what: str = "model name") -> str:
     """Like voice ids: 1-64 of [A-Za-z0-9_.-], starting with a letter or digit, no '..'; safe as a dir name."""
     if not isinstance(name, str) or not VOICE_ID.fullmatch(name) or ".." in name:
-        raise ValueError(f"invalid {what} {name!r}: use 1-64 letters, digits, '_', '-' or '.', "
+        raise ValueError(f"invalid {what} {echo(name)}: use 1-64 letters, digits, '_', '-' or '.', "
                          "starting with a letter or digit")
     return name
 
@@ -39,7 +39,7 @@ def upload_extension(filename: str) -> str:
     name = PurePosixPath(str(filename or "").replace("\\", "/")).name
     ext = name.rsplit(".", 1)[-1].lower() if "." in name else ""
     if ext not in UPLOAD_EXTENSIONS:
-        raise UnsupportedMedia(f"unsupported upload {name!r}: the file name must end in one of "
+        raise UnsupportedMedia(f"unsupported upload {echo(name)}: the file name must end in one of "
                          f"{', '.join('.' + e for e in sorted(UPLOAD_EXTENSIONS))}")
     return ext
 

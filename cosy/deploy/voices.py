@@ -10,6 +10,7 @@ renamed into place, so readers (other frontends on the same NAS) never see a par
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -139,16 +140,38 @@ class VoiceStore:
             raise VoiceError(f"saved voice '{voice_id}' is damaged ({type(e).__name__}); save it again") from None
 
     def list(self) -> list[dict]:
-        """[{voice_id, prompt_text, created_at, family}] of every complete voice, newest first."""
+        """[{voice_id, prompt_text, created_at, family}] of every complete voice, newest first (a directory whose
+        voice.json is damaged, or not a voice's, is left out: `listing` says why)."""
         out = []
         for d in self.root.iterdir():
             if d.name.startswith(".") or not (d / "voice.json").is_file():
                 continue
             try:
-                out.append({"family": LEGACY_FAMILY, **json.loads((d / "voice.json").read_text(encoding="utf-8"))})
-            except (OSError, ValueError):
-                continue  # removed or replaced while we listed
+                out.append(self.listing(d.name))
+            except VoiceError:
+                continue  # damaged, or removed or replaced while we listed
         return sorted(out, key=lambda v: v["created_at"], reverse=True)
+
+    def listing(self, voice_id: str) -> dict:
+        """The voice's voice.json as listed: {voice_id, prompt_text, created_at, family}. UnknownVoice when
+        there is none; VoiceError when it is damaged (not JSON, nested past the parser, not an object, or
+        without a voice's fields), as the shared data dir can hold anything."""
+        try:
+            text = (self._dir(voice_id) / "voice.json").read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise UnknownVoice(f"unknown voice '{voice_id}'") from None
+        except (OSError, ValueError) as e:
+            raise VoiceError(f"saved voice '{voice_id}' is damaged ({type(e).__name__}); save it again") from None
+        try:
+            meta = json.loads(text)
+        except (ValueError, RecursionError):
+            meta = None
+        if not (isinstance(meta, dict) and isinstance(meta.get("prompt_text"), str)
+                and isinstance(meta.get("created_at"), (int, float)) and not isinstance(meta["created_at"], bool)
+                and math.isfinite(meta["created_at"])
+                and isinstance(meta.get("family", LEGACY_FAMILY), str)):
+            raise VoiceError(f"saved voice '{voice_id}' is damaged (its voice.json is not a voice's); save it again")
+        return {**meta, "voice_id": voice_id, "family": meta.get("family", LEGACY_FAMILY)}
 
     def delete(self, voice_id: str) -> None:
         d = self._dir(voice_id)

@@ -66,6 +66,25 @@ def _bearer(value: str) -> str:
     return rest.strip() if scheme.lower() == "bearer" else value.strip()
 
 
+def _json_password(body: bytes) -> str | None:
+    """The password (or key) of a JSON login body; None when the body is malformed: not JSON, not an object,
+    nested too deeply for the parser (RecursionError, within the 16 KiB), or a password that is no string."""
+    try:
+        fields = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(fields, dict):
+        return None
+    password = fields.get("password") or fields.get("key") or ""
+    return password if isinstance(password, str) else None
+
+
+def _form_password(body: bytes) -> str:
+    """The password (or key) of a form-encoded login body (undecodable bytes replaced)."""
+    fields = parse_qs(body.decode("utf-8", "replace"))
+    return (fields.get("password") or fields.get("key") or [""])[0]
+
+
 def _cookies(header: str) -> dict[str, str]:
     out = {}
     for part in header.split(";"):
@@ -184,18 +203,16 @@ class KeyGate:
                 return
             body += message.get("body", b"")
             more = message.get("more_body", False)
-        password = ""
-        if len(body) <= MAX_LOGIN_BODY:
-            ctype = dict((k.lower(), v) for k, v in scope.get("headers", ())).get(b"content-type", b"")
-            try:
-                if ctype.startswith(b"application/json"):
-                    fields = json.loads(body)
-                    password = str(fields.get("password") or fields.get("key") or "")
-                else:
-                    fields = parse_qs(body.decode("utf-8", "replace"))
-                    password = (fields.get("password") or fields.get("key") or [""])[0]
-            except (ValueError, AttributeError):
-                password = ""
+        if len(body) > MAX_LOGIN_BODY:
+            response = error_response(f"the login body is over {MAX_LOGIN_BODY // 1024} KiB: send only the "
+                                      "field password (a form, or JSON {\"password\": KEY})", 413)
+            return await response(scope, receive, send)
+        ctype = dict((k.lower(), v) for k, v in scope.get("headers", ())).get(b"content-type", b"")
+        password = _json_password(body) if ctype.startswith(b"application/json") else _form_password(body)
+        if password is None:
+            response = error_response("the login body is not a JSON object with a string password: send "
+                                      "{\"password\": KEY}, or the form field password", 400)
+            return await response(scope, receive, send)
         if password and hmac.compare_digest(password.encode("utf-8", "replace"), self._key):
             from starlette.responses import JSONResponse
             response = JSONResponse({"success": True})

@@ -19,7 +19,7 @@ import struct
 import av
 import numpy as np
 
-from cosy.errors import BadRequest
+from cosy.errors import BadRequest, echo
 
 FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
 MEDIA_TYPES = {"mp3": "audio/mpeg", "opus": "audio/ogg", "aac": "audio/aac", "flac": "audio/flac",
@@ -187,7 +187,7 @@ def wav_bytes(audio: np.ndarray, sample_rate: int) -> bytes:
 def make_encoder(fmt: str, sample_rate: int, *, bit_rate: int | None = None, streaming: bool = True) -> AudioEncoder:
     """An encoder for one response. EncodingError for an unknown format or settings the codec refuses."""
     if fmt not in FORMATS:
-        raise EncodingError(f"unsupported output format {fmt!r}: use one of {', '.join(FORMATS)}")
+        raise EncodingError(f"unsupported output format {echo(fmt)}: use one of {', '.join(FORMATS)}")
     if fmt == "pcm":
         return PcmEncoder()
     if fmt == "wav":

@@ -89,19 +89,23 @@ class ReferenceAudios:
 
     def _object(self, voice: dict) -> dict:
         """A voice's voice.json (+ reference.json) -> the PAI reference audio object."""
-        meta: dict = {}
+        meta: object = {}
         try:
             meta = json.loads((self.service.data.voices.root / voice["voice_id"] / META_FILE).read_text("utf-8"))
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             pass  # a voice saved elsewhere (WebUI, CLI): no upload metadata
-        return {"id": voice["voice_id"], "filename": meta.get("filename"), "bytes": meta.get("bytes"),
+        if not isinstance(meta, dict):  # damaged: the voice is still served, without its upload's name and size
+            meta = {}
+        filename, size = meta.get("filename"), meta.get("bytes")
+        return {"id": voice["voice_id"], "filename": filename if isinstance(filename, str) else None,
+                "bytes": size if isinstance(size, int) and not isinstance(size, bool) else None,
                 "created_at": int(voice["created_at"]), "text": voice["prompt_text"]}
 
     def get(self, ref_id: str) -> dict:
-        path = self._dir(ref_id) / "voice.json"
+        self._dir(ref_id)
         try:
-            voice = json.loads(path.read_text("utf-8"))
-        except (OSError, ValueError):
+            voice = self.service.data.voices.listing(ref_id)
+        except UnknownVoice:
             raise NotFound(f"unknown reference audio (voice) id {echo(ref_id)}: GET /api/v1/audio/reference_audio "
                            "lists them") from None
         return self._object(voice)
