@@ -47,7 +47,6 @@ from cosy.pipeline.token2wav_stream import stream_room
 from cosy.prompt.encoder import PromptFeatures, VoicePromptEncoder
 from cosy.speech.scheduler import Batch
 from cosy.text.frontend import TextFrontend
-from cosy.text.split import is_only_punctuation
 from cosy.text.ssml import Break
 from cosy.text.ssml_text import spoken_runs
 from cosy.text.stream import sentence_parts, stream_pieces
@@ -186,15 +185,14 @@ class Engine:
               seed: int) -> Iterator[Tensor]:
         """An SSML text: its runs spoken as plain text is (segments numbered on across runs, so a document
         without breaks is its plain text's seeds and segments), each break as exactly that many zero
-        samples, at the document's rate (times req.speed) and gain."""
+        samples, at the document's rate (times req.speed) and gain. Runs with nothing to speak (blanks, the
+        full stop after a break) are left out by `spoken_runs`, the one rule."""
         doc = req.ssml_document()
         req = dataclasses.replace(req, speed=req.speed * doc.speed, ssml=False)
         parts: list[Break | LMInput] = []  # all of them first: what can never be spoken fails before any audio
         for part in spoken_runs(doc, self.family.phoneme_tags):
             if isinstance(part, Break):
                 parts.append(part)
-                continue
-            if part.plain and is_only_punctuation(part.text.strip()):  # blanks, or the full stop after a break
                 continue
             if part.plain or req.mode == "cross_lingual" and self.family.system_prompt:  # (no normalization)
                 inputs = lm_input(self.text, self.family, req.mode, part.text, req.prompt_text, req.instruct_text,
