@@ -56,7 +56,8 @@ class VoicePromptEncoder:
     encodes prompts.
 
     family: the model family (default: detected from the directory's yaml; pass it for a directory that
-    holds only the ONNX files). threads: intra-op threads of each ONNX session (default: half the cores, 1 to 4).
+    holds only the ONNX files). threads: intra-op threads of each ONNX session (default: half of this
+    process's torch threads, 1 to 4: `cosy.prompt.onnx_models.default_threads`).
     gpu: the CUDA device index the speech tokenizer uses when onnxruntime has CUDA (the worker's GPU).
     """
 
