@@ -57,6 +57,9 @@ def decode_upload(data: bytes, ext: str, pcm_rate: int = PCM_DEFAULT_RATE) -> tu
             parts, n, rate = [], 0, stream.rate or 0
             for frame in container.decode(stream):
                 for f in to_float.resample(frame):
+                    if n and f.sample_rate != rate:  # (ADTS and MPEG frames each say their own rate)
+                        raise BadRequest(f"the uploaded audio changes its sample rate ({rate} Hz, then "
+                                         f"{f.sample_rate} Hz): export it at one rate")
                     parts.append(f.to_ndarray().mean(axis=0))  # average the channels, as the official load_wav
                     n, rate = n + f.samples, f.sample_rate
                 if rate and n > (MAX_PROMPT_SECONDS + 1) * rate:
