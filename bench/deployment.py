@@ -2,9 +2,11 @@
 
     python bench/deployment.py [--size full|tiny | --model_dir DIR] [--frontends 1] [--workers 1] [--max_batch 8]
         [--concurrency 1,4,8] [--requests 0] [--modes zero_shot,cross_lingual,instruct,voice] [--apis pai,openai]
-        [--tokens 100] [--capacity] [--split_cost] [--baseline_root DIR] [--json OUT] [--device cpu] [--llm_stall_timeout 120]
+        [--tokens 100] [--capacity] [--split_cost] [--baseline_root DIR] [--json OUT] [--device cpu]
+        [--llm_stall_timeout 120]
         [--backend_url URL] [--frontend_urls URL,URL] [--api_key KEY] [--llm_api_key KEY]
         [--backend_cpus LIST] [--frontend_cpus LIST] [--backend_nice N] [--backend_idle]
+        [--dtype DT | --dtypes float32,bfloat16]
 
 Starts the backend (launch/backend.py) and the frontends (app.py with `--fixed_tokens`, so every request
 generates exactly --tokens speech tokens whatever the random weights prefer) on one shared data dir, unless
@@ -22,6 +24,10 @@ generation tokens/s).
   (backend and frontend, same flags) run from the code in DIR (e.g. `git worktree add /tmp/base main`, the
   commit to compare with), alternating (max(6, --requests) pairs): first packet and total of each pair, the
   medians and their ratio. Both run on this environment's packages.
+--dtype DT: both roles' --dtype (launch/backend.py's and app.py's; default: theirs, float32 on the CPU).
+--dtypes A,B: the deployment in A, and a second one (backend and frontend) in B; each level runs on both, in
+  turn (the order flips every level), and the B/A ratios of first packet p50, RTF p50 and audio-s per wall-s
+  are printed (JSON: "dtypes").
 --backend_cpus / --frontend_cpus: the CPU budgets (`--cpus` of launch/backend.py and app.py) of a one-machine
   split. --backend_nice N: the backend's `--nice N`; --backend_idle: under `chrt --idle 0` (SCHED_IDLE: it
   runs only on CPU time the frontends leave).
@@ -64,6 +70,8 @@ def start_frontend(model_dir: Path, data_dir: Path, port: int, args, llm_url: st
         cmd += ["--llm_base_url", llm_url, "--llm_api_key", args.llm_api_key]
     if cpus:
         cmd += ["--cpus", cpus]
+    if getattr(args, "dtype", None):
+        cmd += ["--dtype", args.dtype]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=root,
                             start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
     tail: list[str] = []
@@ -196,6 +204,39 @@ def paired(label: str, a: tuple[str, load.Target], b: tuple[str, load.Target], p
     return {na: sa, nb: sb, "first_packet_pct": fp, "rtf_pct": rtf}
 
 
+def compare_dtypes(model_dir: Path, data_dir: Path, args, dtypes: list[str], first: tuple, levels: list[int],
+                   extra: tuple, prefix: tuple, procs: list) -> dict:
+    """--dtypes: a second backend and frontend in dtypes[1] beside `first` (targets, metrics, report in
+    dtypes[0]); each level on both in turn. Returns {dtype: {"levels": ...}, "ratios": [...]}."""
+    from lm_throughput import start_backend
+    proc, url = start_backend(model_dir, 8125, args.llm_api_key, (*extra, "--dtype", dtypes[1]), prefix)
+    procs.append(proc)
+    proc, front = start_frontend(model_dir, data_dir, 8297, argparse.Namespace(**{**vars(args), "dtype": dtypes[1]}),
+                                 url, args.frontend_cpus)
+    procs.append(proc)
+    second = [load.prepare(load.Target(front, args.api_key))]
+    load.run_level(second, ["voice"], ["pai"], 1, 1)  # warm-up
+    runs = {dtypes[0]: first, dtypes[1]: (second, BackendMetrics(url, args.llm_api_key), {"levels": []})}
+    for i, n in enumerate(levels):
+        for dt in dtypes if i % 2 == 0 else dtypes[::-1]:
+            print(f"-- {dt}", flush=True)
+            targets, metrics, report = runs[dt]
+            drive(targets, args, metrics, [n], report)
+    out = {dt: {"levels": runs[dt][2]["levels"]} for dt in dtypes}
+    out["ratios"] = []
+    print(f"{dtypes[1]} / {dtypes[0]} (all modes):")
+    for a, b in zip(out[dtypes[0]]["levels"], out[dtypes[1]]["levels"]):
+        sa, sb = a["all"], b["all"]
+        r = {"concurrency": a["concurrency"], **{k: sb[k] / sa[k] if sa[k] else None
+                                                 for k in ("first_p50", "rtf_p50", "audio_per_wall")}}
+        out["ratios"].append(r)
+        print(f"  x{r['concurrency']}: first packet p50 {sa['first_p50']:.2f}s -> {sb['first_p50']:.2f}s "
+              f"({r['first_p50']:.2f}x), RTF p50 {sa['rtf_p50']:.2f} -> {sb['rtf_p50']:.2f} ({r['rtf_p50']:.2f}x), "
+              f"audio-s per wall-s {sa['audio_per_wall']:.3f} -> {sb['audio_per_wall']:.3f} "
+              f"({r['audio_per_wall']:.2f}x)", flush=True)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model_dir", type=Path)
@@ -224,7 +265,14 @@ def main() -> None:
     ap.add_argument("--frontend_urls")
     ap.add_argument("--api_key", default=os.environ.get("COSY_API_KEY"), help="the frontends' key, if any")
     ap.add_argument("--llm_api_key", default=os.environ.get("COSY_LLM_API_KEY", "bench-key"))
+    ap.add_argument("--dtype", help="both roles' --dtype (default: theirs)")
+    ap.add_argument("--dtypes", help="A,B: a second deployment in B beside the one in A, levels alternating")
     args = ap.parse_args()
+    dtypes = args.dtypes.split(",") if args.dtypes else []
+    if dtypes:
+        if len(dtypes) != 2 or args.backend_url or args.frontend_urls:
+            ap.error("--dtypes takes two dtypes, and starts its deployments itself (no --backend_url/--frontend_urls)")
+        args.dtype = dtypes[0]
     model_dir = args.model_dir or ROOT / ".cache" / f"{args.size}-random"
     if not (model_dir / "llm.pt").exists():
         from cosy.verify.random_model import write_random_model
@@ -241,7 +289,8 @@ def main() -> None:
         prefix = ("chrt", "--idle", "0") if args.backend_idle else ()
         if not llm_url:
             from lm_throughput import start_backend
-            proc, llm_url = start_backend(model_dir, 8123, args.llm_api_key, extra, prefix)
+            dtype = ("--dtype", args.dtype) if args.dtype else ()
+            proc, llm_url = start_backend(model_dir, 8123, args.llm_api_key, (*extra, *dtype), prefix)
             procs.append(proc)
         metrics = BackendMetrics(llm_url, args.llm_api_key)
         if args.frontend_urls:
@@ -264,7 +313,11 @@ def main() -> None:
             print(f"capacity: backend alone {a:.1f} tokens/s (32 LM requests at once); one frontend consumes "
                   f"{b:.1f} tokens/s at saturation ({n} requests in flight: audio-s/wall-s x {TOKEN_RATE}); "
                   f"frontends per backend = {a:.1f} / {b:.1f} = {a / b:.2f}", flush=True)
-        drive(targets, args, metrics, levels, report)
+        if dtypes:
+            report["dtypes"] = compare_dtypes(model_dir, data_dir, args, dtypes, (targets, metrics, report),
+                                              levels, extra, prefix, procs)
+        else:
+            drive(targets, args, metrics, levels, report)
         if args.split_cost:
             proc, embedded_url = start_frontend(model_dir, data_dir, 8299, args, None)
             procs.append(proc)

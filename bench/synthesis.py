@@ -4,6 +4,11 @@ pipeline was measured with (ENVIRONMENT.md), so the two can be compared.
     python bench/synthesis.py [--model_dir DIR | --family cosyvoice2|cosyvoice3] [--tokens 100] [--repeats 3]
                               [--threads 2] [--concurrency 2,4]
                               [--device cuda --dtype bfloat16 --no_tf32]
+                              [--dtypes float32,bfloat16 [--json OUT]]
+
+--dtypes: instead, one engine per dtype, measured in turn (the order flips every repeat): the zero-shot
+stages (LM, flow, HiFT), a whole utterance and a stream (first chunk, RTF); medians and the ratio to the
+first dtype; --json OUT writes them with `provenance()`.
 
 Without --model_dir a full-size random model of --family (default cosyvoice2) is built once into
 .cache/full-random or .cache/full-random-cv3 (2-3 GB).
@@ -13,6 +18,7 @@ masked); prompt: assets/zero_shot_prompt.wav (3.5 s).
 from __future__ import annotations
 
 import argparse
+import json
 import resource
 import statistics
 import sys
@@ -30,6 +36,7 @@ from devices import add_device_args, check_device_args, peak_gpu, sync  # noqa: 
 from models import add_model_args, model_dir  # noqa: E402
 
 from cosy.lm.fixed_length import FixedLengthLM  # noqa: E402,F401  (bench/frontend.py imports it from here)
+from cosy.model.precision import cpu_bf16_units, describe, resolve_dtype  # noqa: E402
 from cosy.pipeline.engine import Engine, SynthesisRequest  # noqa: E402
 from cosy.pipeline.token2wav import FlowPrompt  # noqa: E402
 
@@ -97,6 +104,46 @@ def concurrent(engine: Engine, n_requests: int, voice) -> float:
     return sum(audio) / (time.perf_counter() - start)
 
 
+def compare_dtypes(args: argparse.Namespace, directory: Path, dtypes: list[str]) -> None:
+    """The engine in each of `dtypes` side by side (see the module doc)."""
+    engines = {}
+    for dt in dtypes:
+        engine = Engine.from_model_dir(directory, device=args.device, dtype=dt, tf32=args.tf32)
+        engine.lm = FixedLengthLM(engine.lm, args.tokens)
+        engines[dt] = engine
+    print(f"model {directory}; {args.tokens} tokens; {args.device}, threads {args.threads}, dtypes "
+          f"{', '.join(dtypes)} ({describe(dtypes[-1], args.device)}); medians of {args.repeats}, alternating",
+          flush=True)
+    voice = engines[dtypes[0]].prompt_features(PROMPT_WAV)
+    for engine in engines.values():
+        run_once(engine, request(engine, "zero_shot", False, voice))  # warm-up
+        run_once(engine, request(engine, "zero_shot", True, voice))
+    runs: dict[str, list[dict]] = {dt: [] for dt in dtypes}
+    for i in range(args.repeats):
+        for dt in dtypes if i % 2 == 0 else dtypes[::-1]:
+            engine = engines[dt]
+            st = stages(engine, args.tokens)
+            _, whole, audio = run_once(engine, request(engine, "zero_shot", False, voice))
+            first, total, saudio = run_once(engine, request(engine, "zero_shot", True, voice))
+            runs[dt].append({**st, "whole_s": whole, "rtf": whole / audio, "stream_first_s": first,
+                             "stream_rtf": total / saudio})
+            print(f"  repeat {i} {dt}: " + ", ".join(f"{k} {v:.2f}" for k, v in runs[dt][-1].items()), flush=True)
+    med = {dt: {k: statistics.median(r[k] for r in runs[dt]) for k in runs[dt][0]} for dt in dtypes}
+    keys = list(med[dtypes[0]])
+    print(f"{'':<16}" + "".join(f"{dt:>10}" for dt in dtypes) + "".join(f"{dt + '/' + dtypes[0]:>20}"
+                                                                        for dt in dtypes[1:]))
+    for k in keys:
+        print(f"{k:<16}" + "".join(f"{med[dt][k]:>10.3f}" for dt in dtypes)
+              + "".join(f"{med[dt][k] / med[dtypes[0]][k]:>20.2f}" for dt in dtypes[1:]))
+    if args.json:
+        from provenance import provenance
+        args.json.write_text(json.dumps({
+            "provenance": provenance(), "bench": "synthesis", "tokens": args.tokens, "threads": args.threads,
+            "device": args.device, "repeats": args.repeats, "cpu_bf16_units": cpu_bf16_units(),
+            "lm_kernels": {dt: getattr(engines[dt].lm.lm, "kernels", None) for dt in dtypes},
+            "medians": med, "runs": runs}, indent=1))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_model_args(ap)
@@ -104,11 +151,21 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--concurrency", default="2,4")
+    ap.add_argument("--dtypes", help="compare these dtypes side by side (comma-separated) instead")
+    ap.add_argument("--json", type=Path, help="with --dtypes: write the results and their provenance here")
     add_device_args(ap)
     args = ap.parse_args()
     check_device_args(ap, args)
     torch.set_num_threads(args.threads)
     directory = model_dir(ap, args)
+    if args.dtypes:
+        dtypes = args.dtypes.split(",")
+        for dt in dtypes:
+            try:
+                resolve_dtype(dt, args.device)
+            except ValueError as e:
+                ap.error(f"--dtypes: {e}")
+        return compare_dtypes(args, directory, dtypes)
     t = time.perf_counter()
     engine = Engine.from_model_dir(directory, device=args.device, dtype=args.dtype, tf32=args.tf32)
     engine.lm = FixedLengthLM(engine.lm, args.tokens)
