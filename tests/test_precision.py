@@ -62,7 +62,12 @@ def test_auto_picks_per_role_from_the_units(monkeypatch):
     assert describe("float32", "cpu") == "LM float32, flow float32"
     assert describe("bfloat16", "cpu", ("flow",)) == "flow bfloat16"
     assert describe("bfloat16", "cpu").startswith("LM bfloat16, flow bfloat16; the LM's ")
-    # a CPU without the units (oneDNN capped below them stands in for one): float32 for every role
+    # AVX512-BF16 without AMX (oneDNN capped below AMX stands in for one): the LM's decode gains, the flow not
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")
+    if unit is not None:
+        assert [auto_dtype("cpu", r)[0] for r in ROLES] == ["bfloat16", "float32", "bfloat16"]
+        assert auto_dtype("cpu", "flow")[1] == "the CPU has AVX512-BF16, which the flow does not gain from"
+    # a CPU without the units: float32 for every role
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE")
     assert cpu_bf16_units() is None
     none = "the CPU has no bfloat16 matrix unit, neither AMX-BF16 nor AVX512-BF16"
@@ -97,13 +102,16 @@ def test_auto_in_every_role_s_flags(monkeypatch):
 
 
 def test_engine_with_auto_takes_each_role_s_pick(tiny_model_dir, monkeypatch):
-    for cap in ("", "AVX512_CORE"):  # this CPU as it is; one without bfloat16 units
+    # this CPU as it is; one with AVX512-BF16 but no AMX (where the roles differ); one without bf16 units
+    for cap in ("", "AVX512_CORE_BF16", "AVX512_CORE"):
         monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
         engine = Engine.from_model_dir(tiny_model_dir, dtype="auto")
-        assert engine.lm.dtype is resolve_dtype("auto", "cpu", "lm")
-        assert next(engine.t2w.flow.decoder.estimator.parameters()).dtype is resolve_dtype("auto", "cpu", "flow")
-        if cap:
-            assert engine.lm.dtype is torch.float32
+        lm, flow = engine.lm.dtype, next(engine.t2w.flow.decoder.estimator.parameters()).dtype
+        assert (lm, flow) == (resolve_dtype("auto", "cpu", "lm"), resolve_dtype("auto", "cpu", "flow"))
+        if cap == "AVX512_CORE_BF16" and cpu_bf16_units():
+            assert (lm, flow) == (torch.bfloat16, torch.float32)
+        if cap == "AVX512_CORE":
+            assert (lm, flow) == (torch.float32, torch.float32)
 
 
 def _prompt_and_tokens(n_prompt=25, n=90):

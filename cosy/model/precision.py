@@ -33,11 +33,13 @@ AUTO = "auto"
 DTYPE_CHOICES = (*DTYPES, AUTO)  # what the --dtype flags accept
 ROLES = ("lm", "flow", "backend")  # the embedded LM, the flow estimator, the vLLM backend's LM
 ROLE_NAMES = {"lm": "LM", "flow": "flow", "backend": "backend"}
-# the CPU units on which each role measured faster in bfloat16 than in float32 (docs/deployment/precision.md):
-# `auto` picks bfloat16 for a role only on these
+# the CPU units on which each role measured faster in bfloat16 than in float32 (bench/dtype_speed.py,
+# docs/deployment/precision.md): `auto` picks bfloat16 for a role only on these. The LM's decode step reads
+# weights (half the bytes pay wherever bf16 dot products are native); the flow's convolutions and attention
+# are arithmetic, which AVX512-BF16 alone does slower in bf16 than AVX-512 does in float32
 AUTO_CPU_ROLES: dict[str, tuple[str, ...]] = {
     "lm": ("AMX-BF16", "AVX512-BF16"),
-    "flow": ("AMX-BF16", "AVX512-BF16"),
+    "flow": ("AMX-BF16",),
     "backend": ("AMX-BF16", "AVX512-BF16"),
 }
 # oneDNN's ISA cap (ONEDNN_MAX_CPU_ISA, its documented names), lowest first: a cap below a unit hides it
