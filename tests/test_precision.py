@@ -65,7 +65,7 @@ def test_auto_picks_per_role_from_the_units(monkeypatch):
     # AVX512-BF16 without AMX (oneDNN capped below AMX stands in for one): the LM's decode gains, the flow not
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")
     if unit is not None:
-        assert [auto_dtype("cpu", r)[0] for r in ROLES] == ["bfloat16", "float32", "bfloat16"]
+        assert [auto_dtype("cpu", r)[0] for r in ROLES] == ["bfloat16", "float32", "float32"]
         assert auto_dtype("cpu", "flow")[1] == "the CPU has AVX512-BF16, which the flow does not gain from"
     # a CPU without the units: float32 for every role
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE")

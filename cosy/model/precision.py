@@ -36,11 +36,13 @@ ROLE_NAMES = {"lm": "LM", "flow": "flow", "backend": "backend"}
 # the CPU units on which each role measured faster in bfloat16 than in float32 (bench/dtype_speed.py,
 # docs/deployment/precision.md): `auto` picks bfloat16 for a role only on these. The LM's decode step reads
 # weights (half the bytes pay wherever bf16 dot products are native); the flow's convolutions and attention
-# are arithmetic, which AVX512-BF16 alone does slower in bf16 than AVX-512 does in float32
+# are arithmetic, which AVX512-BF16 alone does slower in bf16 than AVX-512 does in float32. The backend was
+# measured with AMX only (vLLM's CPU kernels choose AMX from the CPU's flags, so a oneDNN cap cannot stand
+# in for a CPU without it)
 AUTO_CPU_ROLES: dict[str, tuple[str, ...]] = {
     "lm": ("AMX-BF16", "AVX512-BF16"),
     "flow": ("AMX-BF16",),
-    "backend": ("AMX-BF16", "AVX512-BF16"),
+    "backend": ("AMX-BF16",),
 }
 # oneDNN's ISA cap (ONEDNN_MAX_CPU_ISA, its documented names), lowest first: a cap below a unit hides it
 # from oneDNN, so it hides it here too (and lets a benchmark stand in for a CPU without the unit)
