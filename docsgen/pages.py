@@ -212,8 +212,9 @@ def performance_sections() -> str:
                 ax.set(xlabel="frontends", ylabel="audio s per wall s (best level)",
                        title="Throughput per frontend count")
                 ax.grid(alpha=0.3)
-            out += ["## Throughput per frontend count", "", "Each point is its own run (below, with its machine's load):"
-                    " read it as what each count reached, not as a side-by-side comparison.", "",
+            out += ["## Throughput per frontend count", "",
+                    "Each point is its own run (below, with its machine's load): read it as what each count "
+                    "reached, not as a side-by-side comparison.", "",
                     _figure("frontends", draw_scale), "",
                     *[f"- {n} frontend(s): {_provenance(by_frontends[n])}" for n in sorted(by_frontends)], ""]
     lengths = runs("stream_length")
