@@ -40,10 +40,10 @@ class Linear(nn.Linear):
 
     Why: decode reads every weight for one token, so it is bound by how fast the kernel streams them. ATen's
     float32 CPU linear measured ~17 GB/s for one token on our 2-core AMD machines, oneDNN ~35 GB/s. In
-    bfloat16 ATen's linear and oneDNN's on a plain weight stream 5-20 GB/s for one token: slower than
-    float32, for half the bytes; on a weight prepacked into oneDNN's blocked layout the bf16 units read it at
-    about float32's byte rate, so a step takes about half the time. Everywhere else (GPU, autograd, a weight
-    changed since it was packed) it is plain F.linear.
+    bfloat16, ATen's and oneDNN's linear on a plain weight read it slower than float32's byte rate for one
+    token, so half the bytes gain little; on a weight prepacked into oneDNN's blocked layout the bf16 units
+    read it at about float32's byte rate (docs/deployment/precision.md). Everywhere else (GPU, autograd, a
+    weight changed since it was packed) it is plain F.linear.
     """
 
     _packed: tuple[Tensor, int, int] | None = None  # (packed weight, the weight's `_identity` then)
