@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 import tempfile
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -310,3 +312,17 @@ def assert_linear(fn, make, small: int, big: int) -> None:
     t_small = fastest(make(small))
     t_big = fastest(make(big))
     assert t_big < 3 * (big / small) * t_small + 0.005, (t_small, t_big)
+
+
+@contextmanager
+def small_disk(path: Path, size: str):
+    """`path` (made here) as a tmpfs of `size` (e.g. "64k"), a real filesystem that fills up; unmounted after.
+    Skips the test where mounting is not allowed (not root)."""
+    path.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], check=False)

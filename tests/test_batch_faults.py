@@ -8,13 +8,12 @@ import errno
 import json
 import os
 import signal
-import subprocess
 import threading
 import time
 from pathlib import Path
 
 import pytest
-from conftest import ASSETS
+from conftest import ASSETS, small_disk
 from test_batch import TEXTS, ZS_TEXT, ZS_WAV, cosy, records, run, write_manifest
 
 from cosy.batch.manifest import BadLine, BatchItem, read_manifest
@@ -152,12 +151,7 @@ def test_exit_status_and_summary_are_the_current_manifests(tiny_model_dir, tmp_p
 
 
 def test_a_full_output_folder_ends_with_a_message_not_a_traceback(tiny_model_dir, tmp_path):
-    out = tmp_path / "out"
-    out.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(out)],
-                                           capture_output=True).returncode != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    try:
+    with small_disk(tmp_path / "out", "256k") as out:
         with open(out / "filler", "wb") as f:  # the disk, but 100 KiB: room for one line's audio (77 KB)
             st = os.statvfs(out)
             f.write(b"\0" * (st.f_bavail * st.f_frsize - 100 * 1024))
@@ -174,8 +168,6 @@ def test_a_full_output_folder_ends_with_a_message_not_a_traceback(tiny_model_dir
         r = run(*args)
         assert r.returncode == 0 and "1 done before" in r.stderr, r.stderr[-3000:]
         assert {k: v["status"] for k, v in records(out).items()} == {f"u{k}": "ok" for k in range(3)}
-    finally:
-        subprocess.run(["umount", str(out)], check=False)
 
 
 def test_ctrl_c_stops_the_lines_in_flight_at_once(tiny_model_dir, tmp_path):

@@ -4,12 +4,9 @@ file and leaves an existing one as it was; a folder, format or full disk it cann
 traceback."""
 from __future__ import annotations
 
-import os
-import subprocess
-
 import pytest
 import soundfile as sf
-from conftest import ASSETS
+from conftest import ASSETS, small_disk
 
 from cosy.__main__ import main
 
@@ -54,15 +51,8 @@ def test_an_output_the_cli_cannot_write_is_a_message(tiny_model_dir, tmp_path, c
 
 
 def test_a_full_disk_is_a_message_and_leaves_no_file(tiny_model_dir, tmp_path, capsys):
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)],
-                                           capture_output=True).returncode != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    try:
+    with small_disk(tmp_path / "disk", "64k") as disk:
         assert main(cli(tiny_model_dir, disk / "out.wav", "--text", "你好。")) == 2  # 77 KB of audio
         err = capsys.readouterr().err
         assert "error: cannot write --out" in err and "No space left" in err and "Traceback" not in err, err
         assert list(disk.iterdir()) == []
-    finally:
-        subprocess.run(["umount", str(disk)], check=False)
