@@ -15,6 +15,7 @@ import soundfile as sf
 from conftest import ASSETS
 from gradio_client import Client, handle_file
 from servers import App
+from test_hostile import error  # a 4xx in our error shape whose message names the problem
 
 from cosy.errors import ECHO_CHARS
 
@@ -42,14 +43,6 @@ def app(tiny_model_dir, tmp_path_factory):
 
 def url(app, path: str) -> str:
     return app.url.rstrip("/") + path
-
-
-def error(r: httpx.Response, status: int, *words: str) -> str:
-    assert r.status_code == status, (r.status_code, r.text[:500])
-    msg = r.json()["error"]["message"]
-    for w in words:
-        assert w in msg, msg
-    return msg
 
 
 def healthy(app) -> None:
