@@ -1,0 +1,71 @@
+"""When each sentence (and, with an aligner, each word) is spoken: the timings every surface reports.
+
+A sentence is one piece the pipeline synthesizes on its own (a segment of the normalized text, one LM call).
+Its place in the output audio is known exactly (samples at the engine's rate, after speed control and SSML
+breaks); its place in the caller's text is the span of the ORIGINAL text it came from (the normalizer
+rewrites numbers, dates and symbols; subtitles show what the caller wrote). SSML: offsets into the
+document's text content (`cosy.text.ssml.Ssml.text`).
+
+The engine reports marks as it goes (`SentenceMark`): "begin" before the sentence's first audio chunk,
+"end" after its last one (`end_time` known then). Turning timestamps on changes no speech token and no
+audio sample: the marks are always computed, surfaces only choose to show them.
+
+Field names are the managed CosyVoice service's (`begin_time`/`end_time` in ms, `begin_index`/`end_index`
+as character offsets, end exclusive).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class WordTiming:
+    """One word (Chinese: one character) of a sentence, from the forced aligner (`--aligner`)."""
+
+    text: str  # the caller's text of it: original[begin_index:end_index]
+    begin_index: int  # character offsets into the caller's text, end exclusive
+    end_index: int
+    begin_time: int  # ms in the output audio
+    end_time: int
+
+
+@dataclass
+class SentenceTiming:
+    """One sentence of a request, in the order spoken (`index` from 0)."""
+
+    index: int
+    text: str  # the caller's text of it: original[begin_index:end_index]
+    begin_index: int  # character offsets into the caller's text (SSML: the document's text content), end exclusive
+    end_index: int
+    begin_sample: int  # exact place in the output audio, in samples at the engine's rate (24 kHz)
+    end_sample: int | None  # None while the sentence is still being spoken (a "begin" mark)
+    sample_rate: int
+    words: list[WordTiming] = field(default_factory=list)
+
+    @property
+    def begin_time(self) -> int:
+        """ms from the start of the output audio."""
+        return round(self.begin_sample * 1000 / self.sample_rate)
+
+    @property
+    def end_time(self) -> int | None:
+        return None if self.end_sample is None else round(self.end_sample * 1000 / self.sample_rate)
+
+    def to_dict(self, words: bool = False) -> dict:
+        """The managed service's shape: index, text, begin_time, end_time, begin_index, end_index (and words)."""
+        out = {"index": self.index, "text": self.text, "begin_time": self.begin_time, "end_time": self.end_time,
+               "begin_index": self.begin_index, "end_index": self.end_index}
+        if words:
+            out["words"] = [asdict(w) for w in self.words]
+        return out
+
+
+@dataclass
+class SentenceMark:
+    """A sentence begins ("begin": before its first chunk) or ends ("end": after its last chunk)."""
+
+    kind: str  # "begin" | "end"
+    sentence: SentenceTiming
+
+
+__all__ = ["SentenceMark", "SentenceTiming", "WordTiming"]
