@@ -1,12 +1,22 @@
 """VoiceStore on disk: readable by other users, damaged files reported, ids validated."""
 from __future__ import annotations
 
+import json
 import stat
+import time
 
 import pytest
 import torch
 
-from cosy.deploy.voices import VoiceError, VoiceStore
+from cosy.deploy.voices import (
+    UnknownVoice,
+    VoiceError,
+    VoiceExists,
+    VoiceLimits,
+    VoiceStore,
+    VoiceStoreFull,
+    WrongFamily,
+)
 from cosy.prompt.encoder import PromptFeatures
 
 pytestmark = pytest.mark.quick  # the inner-loop tier (`pytest -m quick`; README "Tests")
@@ -61,3 +71,70 @@ def test_a_voice_serves_only_its_own_model_family(tmp_path):
     with pytest.raises(VoiceError, match="saved with a cosyvoice2 model and this model is cosyvoice3"):
         store.load("old", family="cosyvoice3")
     assert {v["voice_id"]: v["family"] for v in store.list()} == {"v3": "cosyvoice3", "old": "cosyvoice2"}
+
+
+# --- a managed resource (issue 58): metadata, caps, rename and update, the family as a 409 ------------------
+
+
+def test_a_voice_keeps_who_made_it_when_and_for_which_model(tmp_path):
+    store = VoiceStore(tmp_path)
+    v = store.save("m1", "你好。", features(), family="cosyvoice3",
+                   meta={"created_by": "api_key", "consent": "consent-0001", "prompt_seconds": 0.4})
+    listed = VoiceStore(tmp_path).listing("m1")
+    assert listed["created_by"] == "api_key" and listed["consent"] == "consent-0001"
+    assert listed["prompt_seconds"] == 0.4 and listed["family"] == "cosyvoice3"
+    assert listed["created_at"] == listed["updated_at"] == v.created_at
+    assert "key" not in json.dumps(listed).replace("api_key", "")  # a label, never a key
+
+
+def test_rename_and_update_keep_the_features_and_metadata(tmp_path):
+    store = VoiceStore(tmp_path)
+    f = features()
+    first = store.save("old-name", "你好。", f, meta={"consent": "c1", "created_by": "anonymous"})
+    (tmp_path / "old-name" / "reference.json").write_text('{"filename": "a.wav", "bytes": 3}')
+    time.sleep(0.01)
+    store.update("old-name", new_id="new-name")
+    with pytest.raises(UnknownVoice):
+        store.load("old-name")
+    renamed = store.listing("new-name")
+    assert renamed["consent"] == "c1" and renamed["created_at"] == first.created_at
+    assert renamed["updated_at"] > first.created_at
+    assert (tmp_path / "new-name" / "reference.json").is_file()  # a PAI reference audio's upload record moves too
+    assert torch.equal(store.load("new-name").features.mel, f.mel)
+    store.update("new-name", prompt_text="新的文本。")
+    assert store.load("new-name").prompt_text == store.listing("new-name")["prompt_text"] == "新的文本。"
+    g = features()
+    store.update("new-name", features=g, prompt_text="再来。", meta={"prompt_seconds": 0.4})
+    assert torch.equal(store.load("new-name").features.embedding, g.embedding)
+    store.save("other", "x", features())
+    with pytest.raises(VoiceExists):
+        store.update("new-name", new_id="other")
+    with pytest.raises(UnknownVoice):
+        store.update("nope", new_id="x1")
+    assert sorted(v["voice_id"] for v in store.list()) == ["new-name", "other"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".") and p.name != ".lock"]
+
+
+def test_the_caps_on_count_and_size_refuse_a_new_voice_with_409(tmp_path):
+    store = VoiceStore(tmp_path, limits=VoiceLimits(max_voices=2))
+    store.save("a", "x", features())
+    store.save("b", "x", features())
+    with pytest.raises(VoiceStoreFull, match="2 voices, the limit .*--max_voices") as e:
+        store.save("c", "x", features())
+    assert e.value.status == 409
+    store.save("b", "y", features(), overwrite=True)  # replacing one is not one more
+    store.delete("a")
+    store.save("c", "x", features())
+    size = sum(p.stat().st_size for p in tmp_path.rglob("*") if p.is_file() and not p.name.startswith("."))
+    store.limits = VoiceLimits(max_bytes=size + 1000)
+    with pytest.raises(VoiceStoreFull, match="--voices_max_mb"):
+        store.save("d", "x", features())
+    assert sorted(v["voice_id"] for v in store.list()) == ["b", "c"]
+
+
+def test_a_voice_of_another_family_is_a_409(tmp_path):
+    store = VoiceStore(tmp_path)
+    store.save("fam", "x", features(), family="cosyvoice2")
+    with pytest.raises(WrongFamily) as e:
+        store.load("fam", family="cosyvoice3")
+    assert e.value.status == 409
