@@ -141,6 +141,44 @@ def test_a_bulk_item_moves_up_a_class_every_aging_seconds_and_then_goes_first():
     assert order == ["bulk", "listener"]
 
 
+@pytest.mark.quick
+def test_bulk_work_waits_while_a_listener_awaits_its_first_packet_and_runs_when_the_hold_ends():
+    """A listener whose LM is still making its first tokens holds back bulk flows (the cores go to its LM);
+    its first chunk then runs before the bulk work queued earlier. A listener that never gets a chunk holds
+    nothing past `hold_first`."""
+    sched = SpeechScheduler(starve_after=30.0, hold_first=60.0)
+    order, bulk_queued = [], threading.Event()
+    listener = LiveRequest(1, "synthesize", {"priority": "interactive", "stream": True})
+    bulk = LiveRequest(2, "synthesize", {"priority": "bulk"})
+    sched.bind(listener)  # (in its own thread in a worker; binding registers it as waiting)
+
+    def bulk_item() -> None:
+        sched.bind(bulk)
+        bulk_queued.set()
+        sched.run(True, lambda: order.append("bulk"))
+
+    t = threading.Thread(target=bulk_item)
+    t.start()
+    assert bulk_queued.wait(10)
+    deadline = time.monotonic() + 10
+    while sched.pending() == 0 and time.monotonic() < deadline:  # the bulk item is queued, not run
+        time.sleep(0.01)
+    time.sleep(0.3)
+    assert order == [] and sched.pending() == 1, "bulk work started while a listener waited for its first packet"
+    sched.run(True, lambda: order.append("listener"))  # the listener's first chunk
+    t.join(10)
+    assert order == ["listener", "bulk"]
+    sched.close()
+
+    short = SpeechScheduler(starve_after=30.0, hold_first=0.3)
+    short.bind(LiveRequest(3, "duplex", {"priority": "interactive"}))  # never makes a chunk
+    short.bind(LiveRequest(4, "synthesize", {"priority": "bulk"}))
+    done = []
+    short.run(True, lambda: done.append("bulk"))  # returns once the hold has ended
+    short.close()
+    assert done == ["bulk"]
+
+
 # ---------------------------------------------------------------------------------------- the LM client
 
 class _NoPriorities(BaseHTTPRequestHandler):

@@ -8,7 +8,10 @@ never fight over them. Policy: the request's priority class first (`cosy.pipelin
 listener's stream is not held up by bulk work), then first chunks before later ones (they decide
 first-packet latency), otherwise oldest request first. An item moves up one class for every `aging` seconds
 it waits (the worker queue's rule, `aged_rank`), and one that has waited `starve_after` seconds counts as a
-first chunk, so no request starves. A cancelled request's queued
+first chunk, so no request starves. While a listener (a streaming request) waits for its first packet, work of
+a less urgent class is not started (for at most `hold_first` s per listener): the cores go to that listener's LM
+(the backend, or the embedded LM) instead of bulk flows, and its first chunk finds the runner free; the held work
+runs right after (bench/priority.py measures both sides). A cancelled request's queued
 items are skipped; a failing item fails only its own request (the exception is re-raised in that request's
 thread).
 
@@ -65,14 +68,16 @@ class WorkItem:
 
 
 RECENT_BATCHES = 1000
+HOLD_FIRST = 3.0  # s a listener waiting for its first packet holds back less urgent work, at most
 
 
 class SpeechScheduler:
     def __init__(self, starve_after: float = 2.0, max_frames: int = 4096, max_rows: int = 1,
-                 aging: float = PRIORITY_AGING):
+                 aging: float = PRIORITY_AGING, hold_first: float = HOLD_FIRST):
         # max_rows: `--flow_batch` (1 = no batching, the CPU default: there a batch row costs as much as a
         # solo run, see bench/flow_batch.py). Batched flows equal solo to ~1e-6 on the mel.
-        self.starve_after, self.aging = starve_after, aging
+        self.starve_after, self.aging, self.hold_first = starve_after, aging, hold_first
+        self._listeners: dict[int, LiveRequest] = {}  # bound streaming requests that may still await a first packet
         self.max_frames, self.max_rows = max_frames, max_rows
         # (batch function, rows) of the last RECENT_BATCHES batched steps: bounded, a process runs millions
         self.batches: deque[tuple[str, int]] = deque(maxlen=RECENT_BATCHES)
@@ -88,6 +93,9 @@ class SpeechScheduler:
     def bind(self, request: LiveRequest) -> None:
         """The request the calling thread works for (its work items carry its priority)."""
         self._local.request = request
+        if request.kind == "duplex" or request.payload.get("stream"):
+            with self._cond:
+                self._listeners[id(request)] = request
 
     def run(self, first: bool, fn: Callable[[], Any], batch: Batch | None = None) -> Any:
         """Queue `fn` for the calling thread's request and wait for its result (Cancelled if cancelled).
@@ -127,14 +135,36 @@ class SpeechScheduler:
         if self._thread is not threading.current_thread():
             self._thread.join(timeout)
 
+    def _held_above(self, now: float) -> tuple[int | None, float]:
+        """(the most urgent class of a listener still waiting for its first work item, None when there is
+        none; s until the earliest of their holds ends). Forgets listeners that got their first item, ended,
+        were cancelled or waited `hold_first` s."""
+        rank, until = None, self.hold_first
+        queued = {id(i.request) for i in self._items}
+        for key, r in list(self._listeners.items()):
+            left = r.arrival + self.hold_first - now
+            if r.chunks or key in queued or r.cancelled.is_set() or r._ended or left <= 0:
+                if key not in queued:  # (a queued first item ranks by class; it may still be requeued after)
+                    del self._listeners[key]
+                continue
+            mine = priority_rank(r.payload.get("priority"))
+            rank = mine if rank is None else min(rank, mine)
+            until = min(until, left)
+        return rank, until
+
     def _next(self) -> list[WorkItem] | None:
         with self._cond:
-            while not self._items and not self._closed:
-                self._cond.wait()
-            if self._closed:
-                return None
-            now = time.monotonic()
-            ranked = sorted(self._items, key=lambda i: i.key(now, self.starve_after, self.aging))
+            while True:
+                while not self._items and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    return None
+                now = time.monotonic()
+                ranked = sorted(self._items, key=lambda i: i.key(now, self.starve_after, self.aging))
+                held, until = self._held_above(now)
+                if held is None or ranked[0].key(now, self.starve_after, self.aging)[0] <= held:
+                    break
+                self._cond.wait(min(until, 0.05))  # (a listener's cancel does not notify: look again soon)
             head = ranked[0]
             picked = [head]
             if head.batch is not None:
