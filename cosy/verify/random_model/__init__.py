@@ -24,7 +24,7 @@ from cosy.model.config import read_model_config
 from cosy.model.families.cosyvoice2 import FAMILY
 from cosy.model.families.cosyvoice3 import FAMILY as COSYVOICE3
 from cosy.model.family import import_object
-from cosy.verify.random_model import cosyvoice3_lm
+from cosy.verify.random_model import aligner, cosyvoice3_lm
 from cosy.verify.random_model.llm import write_llm_pt
 from cosy.verify.random_model.onnx_models import write_campplus_onnx, write_speech_tokenizer_onnx
 from cosy.verify.random_model.sizes import SIZES
@@ -32,7 +32,7 @@ from cosy.verify.random_model.tokenizer_dir import write_tokenizer_dir
 
 __all__ = ["write_random_model", "SIZES", "FAMILY_SIZES", "WRITERS"]
 
-FAMILY_SIZES = {"cosyvoice2": SIZES, "cosyvoice3": cosyvoice3_lm.SIZES}
+FAMILY_SIZES = {"cosyvoice2": SIZES, "cosyvoice3": cosyvoice3_lm.SIZES, "mms-aligner": aligner.SIZES}
 
 
 def _atomic_write(path: Path, write) -> None:
@@ -105,4 +105,5 @@ def write_cosyvoice3(out: Path, size: str, seed: int, atomic_write) -> None:
     speech.write_flow_hift(out, read_model_config(out / COSYVOICE3.files.yaml, COSYVOICE3), seed)
 
 
-WRITERS = {"cosyvoice2": write_cosyvoice2, "cosyvoice3": write_cosyvoice3}
+# mms-aligner: not a TTS family, the forced aligner `--aligner` loads (cosy.align)
+WRITERS = {"cosyvoice2": write_cosyvoice2, "cosyvoice3": write_cosyvoice3, "mms-aligner": aligner.write}
