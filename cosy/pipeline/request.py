@@ -81,6 +81,7 @@ class SynthesisRequest:
     duplex: bool = False  # the text arrives in pieces while audio streams out (`Engine.synthesize_duplex`)
     ssml: bool = False  # `text` is an SSML document (`cosy.text.ssml`): breaks, sub, say-as, phoneme, rate, volume
     priority: str | None = None  # one of PRIORITIES; None: the surface's default (`default_priority`)
+    word_timestamps: bool = False  # each sentence's words timed by the frontend's aligner (`--aligner`, cosy.align)
 
     def check(self) -> "SynthesisRequest":
         """Raise SynthesisError naming the first field that breaks a rule; returns self."""
