@@ -259,6 +259,9 @@ class VoiceStore:
         return {**meta, "voice_id": voice_id, "family": meta.get("family", LEGACY_FAMILY),
                 "updated_at": meta.get("updated_at", meta["created_at"])}
 
+    def exists(self, voice_id: str) -> bool:
+        return (self._dir(voice_id) / "voice.json").is_file()
+
     def size(self, voice_id: str) -> int:
         """The voice's bytes on disk (what counts against `limits.max_bytes`)."""
         return _bytes(self._dir(voice_id))

@@ -41,6 +41,8 @@ from cosy.frontend.openai_api import build_openai_router
 from cosy.frontend.pai_api import build_pai_router
 from cosy.frontend.reference_audio import ReferenceAudios
 from cosy.frontend.service import FrontendService
+from cosy.frontend.speech_batch import build_batch_router
+from cosy.frontend.voices_api import build_voices_router
 from cosy.frontend.ws_openai import OpenAIDialect, OpenAISession
 from cosy.frontend.ws_params import DashScopeDialect, Dialect
 from cosy.frontend.ws_tasks import MAX_MESSAGE_BYTES, TaskSession
@@ -76,6 +78,8 @@ def build_router(service: FrontendService, *, api_key: str | None, ready: Ready)
     router = api_router()
     router.include_router(build_pai_router(service, refs, auth))
     router.include_router(build_openai_router(service, refs, auth))
+    router.include_router(build_voices_router(service, auth))  # /v1/audio/voices (cosy.frontend.voices_api)
+    router.include_router(build_batch_router(service, auth))  # /v1/audio/speech/batch (cosy.frontend.speech_batch)
 
     async def pai_ws(ws: WebSocket):
         await TaskSession(ws, service, refs, Dialect()).serve()

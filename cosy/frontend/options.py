@@ -15,6 +15,7 @@ from cosy.service.placement import worker_devices
 def build_parser() -> argparse.ArgumentParser:
     """app.py's flags (the docs' flags reference is generated from this parser)."""
     from cosy.deploy.models import DEFAULT_MODEL
+    from cosy.deploy.voices import DEFAULT_LIMITS
     p = argparse.ArgumentParser(prog="app.py", description="cosy frontend: the CosyVoice2 / CosyVoice3 WebUI and APIs")
     p.add_argument("--model_dir", default=DEFAULT_MODEL,
                    help=f"model directory (local or NAS path) or ModelScope id, downloaded into DATA_DIR/models "
@@ -128,6 +129,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"seconds an accepted upload is kept in DATA_DIR/uploads (default {up.max_age:g})")
     p.add_argument("--uploads_max_mb", type=float, default=up.max_bytes / 2**20,
                    help=f"total size of DATA_DIR/uploads, oldest pruned first (default {up.max_bytes >> 20})")
+    p.add_argument("--max_voices", type=int, default=DEFAULT_LIMITS.max_voices,
+                   help="saved voices a data dir may hold; a new one past it is refused with 409 (0: no cap; "
+                        f"default {DEFAULT_LIMITS.max_voices})")
+    p.add_argument("--voices_max_mb", type=float, default=DEFAULT_LIMITS.max_bytes / 2**20,
+                   help="total size of the saved voices in DATA_DIR/voices; a new one past it is refused with 409 "
+                        f"(0: no cap; default {DEFAULT_LIMITS.max_bytes >> 20})")
     p.add_argument("--results_max_age", type=float, default=res.max_age,
                    help=f"seconds a result file (and gradio's temp files) are kept (default {res.max_age:g})")
     p.add_argument("--results_max_mb", type=float, default=res.max_bytes / 2**20,
@@ -174,6 +181,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.trusted_proxies = parse_trusted_proxies(args.trusted_proxies)
     except ValueError as e:
         p.error(str(e))
+    if args.max_voices < 0 or args.voices_max_mb < 0:
+        p.error("--max_voices and --voices_max_mb must be >= 0 (0: no cap)")
     if args.drain_timeout < 0:
         p.error("--drain_timeout must be >= 0")
     if args.priority_aging <= 0:

@@ -34,19 +34,21 @@ META_FILE = "reference.json"
 PCM_DEFAULT_RATE = 16000
 
 
-def decode_upload(data: bytes, ext: str, pcm_rate: int = PCM_DEFAULT_RATE) -> tuple[np.ndarray, int]:
+def decode_upload(data: bytes, ext: str, pcm_rate: int = PCM_DEFAULT_RATE,
+                  limit: float = MAX_PROMPT_SECONDS) -> tuple[np.ndarray, int]:
     """Uploaded bytes -> mono float32 and its rate; BadRequest if they are not audio or are far too long.
 
-    The container is probed from the content, not the name. Decoding stops past 30 s (+1): a small
-    compressed file can hold hours, and a prompt may not exceed 30 s anyway."""
+    The container is probed from the content, not the name. Decoding stops past `limit` s (+1): a small
+    compressed file can hold hours, and a prompt may not exceed 30 s anyway (a longer `limit`: for a prompt
+    that enrollment will cut, `cosy.prompt.hygiene`)."""
     if ext == "pcm":
         if len(data) % 2:
             raise BadRequest("a .pcm upload must be 16-bit little-endian mono samples (an even number of bytes)")
         audio = np.frombuffer(data, "<i2").astype(np.float32) / 32768.0
         if pcm_rate <= 0:
             raise BadRequest(f"sample_rate {pcm_rate} is not a sample rate (Hz)")
-        if len(audio) > (MAX_PROMPT_SECONDS + 1) * pcm_rate:
-            raise BadRequest(f"the reference audio is longer than {MAX_PROMPT_SECONDS:.0f} s")
+        if len(audio) > (limit + 1) * pcm_rate:
+            raise BadRequest(f"the reference audio is longer than {limit:.0f} s")
         return audio, pcm_rate
     try:
         with av.open(io.BytesIO(data), mode="r") as container:
@@ -62,8 +64,8 @@ def decode_upload(data: bytes, ext: str, pcm_rate: int = PCM_DEFAULT_RATE) -> tu
                                          f"{f.sample_rate} Hz): export it at one rate")
                     parts.append(f.to_ndarray().mean(axis=0))  # average the channels, as the official load_wav
                     n, rate = n + f.samples, f.sample_rate
-                if rate and n > (MAX_PROMPT_SECONDS + 1) * rate:
-                    raise BadRequest(f"the reference audio is longer than {MAX_PROMPT_SECONDS:.0f} s")
+                if rate and n > (limit + 1) * rate:
+                    raise BadRequest(f"the reference audio is longer than {limit:.0f} s")
     except av.FFmpegError as e:
         raise BadRequest(f"the uploaded file is not audio we can decode ({e})") from None
     if not n:

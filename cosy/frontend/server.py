@@ -54,6 +54,9 @@ def build_service(args: argparse.Namespace, env: dict[str, str] | None = None) -
     from cosy.deploy.models import resolve_model_dir, resolve_ttsfrd_dir
 
     data = DataDir(args.data_dir, upload_bounds=store.Bounds.of(args.uploads_max_age, args.uploads_max_mb))
+    if getattr(args, "max_voices", None) is not None:  # app.py's caps on the saved voices (cosy.deploy.voices)
+        from cosy.deploy.voices import VoiceLimits
+        data.voices.limits = VoiceLimits.of(args.max_voices, args.voices_max_mb)
     model_dir = resolve_model_dir(args.model_dir, data.models_root)
     ttsfrd = resolve_ttsfrd_dir(args.ttsfrd_dir, data.models_root)
     device = ",".join(worker_devices(args.device or default_device(), visible_gpus()))

@@ -185,9 +185,11 @@ class FrontendService:
         return SynthesisResult(audio, self.sample_rate, time.monotonic() - start)
 
     def save_voice(self, voice_id: str, prompt_text: str, prompt_wav: str | Path | None,
-                   overwrite: bool = False, cancelled: threading.Event | None = None) -> dict:
+                   overwrite: bool = False, cancelled: threading.Event | None = None,
+                   meta: dict | None = None) -> dict:
         """Compute a prompt's features once (in a worker) and store them as a saved voice; setting
-        `cancelled` cancels the computation."""
+        `cancelled` cancels the computation. `meta`: what the surface knows of it (created_by, consent,
+        preprocess: `cosy.deploy.voices.META_FIELDS`); prompt_seconds is recorded here."""
         if not prompt_wav:
             raise SynthesisError("a saved voice needs a prompt audio")
         if not (prompt_text or "").strip():
@@ -196,8 +198,26 @@ class FrontendService:
         self.check_transcript(prompt_text)
         features = self.pool.prompt_features(str(prompt_wav), cancelled)
         v = self.data.voices.save(voice_id, prompt_text.strip(), features, overwrite=overwrite,
-                                  family=self.family.name)
+                                  family=self.family.name, meta={**(meta or {}), **self._seconds(features)})
         return {"voice_id": v.voice_id, "prompt_text": v.prompt_text, "created_at": v.created_at}
+
+    def _seconds(self, features) -> dict:
+        """The prompt's duration, from its speech tokens (one per 1/token_frame_rate s)."""
+        return {"prompt_seconds": round(int(features.speech_tokens.numel()) / self.family.token_frame_rate, 2)}
+
+    def update_voice(self, voice_id: str, *, new_id: str | None = None, prompt_text: str | None = None,
+                     prompt_wav: str | Path | None = None, cancelled: threading.Event | None = None,
+                     meta: dict | None = None) -> dict:
+        """Rename a saved voice and/or give it a new transcript or prompt audio (features computed by this
+        frontend's model, so the voice then belongs to its family); its listing."""
+        if prompt_text is not None:
+            self.check_transcript(prompt_text)
+            prompt_text = prompt_text.strip()
+        features = self.pool.prompt_features(str(prompt_wav), cancelled) if prompt_wav else None
+        extra = {**(meta or {}), **(self._seconds(features) if features is not None else {})}
+        v = self.data.voices.update(voice_id, new_id=new_id, prompt_text=prompt_text, features=features,
+                                    family=self.family.name if features is not None else None, meta=extra)
+        return self.data.voices.listing(v.voice_id)
 
     def list_voices(self) -> list[dict]:
         return self.data.voices.list()
