@@ -70,25 +70,34 @@ def read_vocab(path: Path, cfg: AlignerConfig) -> dict[str, int]:
     return vocab
 
 
-def _read_state(model_dir: Path) -> tuple[str, dict[str, torch.Tensor]]:
+def _weights(model_dir: Path) -> Path:
     for name in WEIGHT_FILES:
-        path = model_dir / name
-        if not path.exists():
-            continue
-        try:
-            if name.endswith(".safetensors"):
-                from safetensors.torch import load_file
-                return name, load_file(path)
-            return name, torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except Exception as e:  # a truncated or foreign file: any reader error is "does not load"
-            raise AlignerLoadError(f"{name} does not load ({type(e).__name__}: {e})") from None
+        if (model_dir / name).exists():
+            return model_dir / name
     raise AlignerLoadError(f"no weights: neither {' nor '.join(WEIGHT_FILES)} is in the directory")
 
 
-def check_state(name: str, state: dict[str, torch.Tensor], model: torch.nn.Module) -> None:
-    """Every tensor the model has, with its shape, and no other: AlignerLoadError naming the first few."""
-    want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    have = {k: tuple(v.shape) for k, v in canonical_keys(state).items()}
+def _read_state(path: Path, shapes_only: bool = False) -> dict:
+    """The checkpoint's tensors (or, `shapes_only`, their shapes from the file's header: no weights read)."""
+    try:
+        if path.name.endswith(".safetensors"):
+            from safetensors import safe_open
+            if shapes_only:
+                with safe_open(path, "pt") as f:
+                    return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+            from safetensors.torch import load_file
+            return load_file(path)
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        return {k: tuple(v.shape) for k, v in state.items()} if shapes_only else state
+    except Exception as e:  # a truncated or foreign file: any reader error is "does not load"
+        raise AlignerLoadError(f"{path.name} does not load ({type(e).__name__}: {e})") from None
+
+
+def check_state(name: str, shapes: dict[str, tuple[int, ...]], cfg: AlignerConfig) -> None:
+    """Every tensor the model of `cfg` has, with its shape, and no other: AlignerLoadError naming the first few."""
+    with torch.device("meta"):
+        want = {k: tuple(v.shape) for k, v in Wav2Vec2ForCTC(cfg).state_dict().items()}
+    have = {k: tuple(v) for k, v in canonical_keys(shapes).items()}
     missing = sorted(set(want) - set(have))
     unexpected = sorted(set(have) - set(want))
     wrong = sorted(k for k in set(want) & set(have) if want[k] != have[k])
@@ -97,6 +106,41 @@ def check_state(name: str, state: dict[str, torch.Tensor], model: torch.nn.Modul
                  for label, keys in (("missing", missing), ("unexpected", unexpected)) if keys]
         parts += [f"{k} has shape {list(have[k])}, config.json says {list(want[k])}" for k in wrong[:3]]
         raise AlignerLoadError(f"{name} does not match config.json ({'; '.join(parts)})")
+
+
+@dataclass(frozen=True)
+class AlignerDir:
+    """A checked aligner directory: its config, vocab, whether the audio is normalized, the weights file."""
+
+    cfg: AlignerConfig
+    vocab: dict[str, int]
+    normalize: bool
+    weights: Path
+
+
+def check_model_dir(model_dir: str | Path) -> AlignerDir:
+    """Everything but the weights' values (the header's names and shapes): cheap enough for a start-up check.
+    AlignerLoadError with the reason."""
+    d = Path(model_dir)
+    if not d.is_dir():
+        raise AlignerLoadError(f"{model_dir} is not a directory")
+    if not (d / "config.json").exists():
+        raise AlignerLoadError("no config.json in the directory (a Hugging Face wav2vec2 CTC model)")
+    try:
+        cfg = read_aligner_config(d / "config.json")
+    except ValueError as e:
+        raise AlignerLoadError(str(e)) from None
+    pre = _read_json(d / "preprocessor_config.json") if (d / "preprocessor_config.json").exists() else {}
+    rate = pre.get("sampling_rate", cfg.sampling_rate)
+    if rate != cfg.sampling_rate:
+        raise AlignerLoadError(f"preprocessor_config.json: sampling_rate {rate} is not supported "
+                               f"(wav2vec2 models take {cfg.sampling_rate} Hz)")
+    if not (d / "vocab.json").exists():
+        raise AlignerLoadError("no vocab.json in the directory (the CTC tokens)")
+    vocab = read_vocab(d / "vocab.json", cfg)
+    weights = _weights(d)
+    check_state(weights.name, _read_state(weights, shapes_only=True), cfg)
+    return AlignerDir(cfg, vocab, bool(pre.get("do_normalize", True)), weights)
 
 
 class Aligner:
@@ -114,32 +158,15 @@ class Aligner:
     @classmethod
     def load(cls, model_dir: str | Path, device: str = "cpu") -> "Aligner":
         """Load the directory onto `device`. AlignerLoadError with the reason where it does not load."""
-        d = Path(model_dir)
-        if not d.is_dir():
-            raise AlignerLoadError(f"{model_dir} is not a directory")
-        if not (d / "config.json").exists():
-            raise AlignerLoadError("no config.json in the directory (a Hugging Face wav2vec2 CTC model)")
+        d = check_model_dir(model_dir)
+        model = Wav2Vec2ForCTC(d.cfg)
         try:
-            cfg = read_aligner_config(d / "config.json")
-        except ValueError as e:
-            raise AlignerLoadError(str(e)) from None
-        pre = _read_json(d / "preprocessor_config.json") if (d / "preprocessor_config.json").exists() else {}
-        rate = pre.get("sampling_rate", cfg.sampling_rate)
-        if rate != cfg.sampling_rate:
-            raise AlignerLoadError(f"preprocessor_config.json: sampling_rate {rate} is not supported "
-                                   f"(wav2vec2 models take {cfg.sampling_rate} Hz)")
-        if not (d / "vocab.json").exists():
-            raise AlignerLoadError("no vocab.json in the directory (the CTC tokens)")
-        vocab = read_vocab(d / "vocab.json", cfg)
-        name, state = _read_state(d)
-        with torch.device("meta"):
-            shapes = Wav2Vec2ForCTC(cfg)
-        check_state(name, state, shapes)
-        model = Wav2Vec2ForCTC(cfg)
-        model.load_state_dict(canonical_keys(state), strict=True)
+            model.load_state_dict(canonical_keys(_read_state(d.weights)), strict=True)
+        except RuntimeError as e:  # names and shapes were checked: what is left is a damaged tensor
+            raise AlignerLoadError(f"{d.weights.name} does not load ({e})") from None
         model.fold_weight_norm()
         model.to(device).eval()
-        return cls(model, vocab, bool(pre.get("do_normalize", True)), device)
+        return cls(model, d.vocab, d.normalize, device)
 
     @torch.inference_mode()
     def emissions(self, audio: np.ndarray | torch.Tensor, sample_rate: int) -> np.ndarray:
@@ -237,4 +264,5 @@ def fill_words(aligner: Aligner, sentence: SentenceTiming, audio: np.ndarray | t
     return words
 
 
-__all__ = ["Aligner", "AlignerLoadError", "WordSpan", "align_words", "check_state", "fill_words", "read_vocab"]
+__all__ = ["Aligner", "AlignerDir", "AlignerLoadError", "WordSpan", "align_words", "check_model_dir", "check_state",
+           "fill_words", "read_vocab"]

@@ -90,6 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=None,
                    help="where the workers run the models: cpu, cuda (every visible GPU, workers round-robin), "
                         "cuda:N, or a list cuda:0,cuda:1 (default cuda if available, else cpu)")
+    p.add_argument("--aligner", default=None, metavar="MODEL_DIR",
+                   help="a CTC forced aligner in the Hugging Face format (the MMS aligner of the ctc-forced-aligner "
+                        "package, mms-300m-1130-forced-aligner; see docs/api/timestamps.md): each worker loads it "
+                        "on its device at start-up and times the words of each sentence of the requests that ask "
+                        "(word_timestamp_enabled); a directory that does not load stops the start with the reason "
+                        "(default: none; asking for word timings is then a 400)")
     p.add_argument("--dtype", choices=DTYPE_CHOICES, default="float32",
                    help="the LM's and flow estimator's dtype; the ODE, the flow encoder and HiFT stay float32 "
                         "(default float32; float16 needs CUDA; auto: bfloat16 for each where the CPU or GPU has "
@@ -183,6 +189,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error(str(e))
     if args.max_voices < 0 or args.voices_max_mb < 0:
         p.error("--max_voices and --voices_max_mb must be >= 0 (0: no cap)")
+    if args.aligner is not None:  # what the workers would fail on, said before any of them starts
+        from cosy.align.aligner import AlignerLoadError, check_model_dir
+        try:
+            check_model_dir(args.aligner)
+        except AlignerLoadError as e:
+            p.error(f"--aligner {args.aligner}: {e}")
     if args.drain_timeout < 0:
         p.error("--drain_timeout must be >= 0")
     if args.priority_aging <= 0:
