@@ -91,7 +91,7 @@ def forced_align(log_probs: np.ndarray, targets: np.ndarray, blank: int = 0) -> 
     path = np.empty(num_frames, dtype=np.int64)
     for t in range(num_frames - 1, -1, -1):
         path[t] = state
-        state -= back[t, state]
+        state -= int(back[t, state])  # a Python int: int8 arithmetic would wrap past 127 states
     return path
 
 
