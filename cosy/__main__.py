@@ -2,7 +2,7 @@
 
     python -m cosy --model_dir DIR --mode zero_shot|cross_lingual|instruct|voice|vc --text T
         [--prompt_text T --prompt_wav F --instruct_text T --voice_id ID --source_wav F]
-        [--stream] [--ssml] [--speed S] [--seed N] [--save_voice ID] [--data_dir D]
+        [--stream] [--ssml] [--hot_fix JSON] [--speed S] [--seed N] [--save_voice ID] [--data_dir D]
         [--llm_base_url URL[,URL...] --llm_api_key KEY] [--device cuda --dtype bfloat16] --out out.wav
 
     python -m cosy batch MANIFEST --out DIR [--shard i/n] [frontend flags]   (cosy.batch.cli)
@@ -19,11 +19,14 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
+from cosy.deploy.lexicon import FILE_NAME as LEXICON_FILE
+from cosy.deploy.lexicon import parse_file
 from cosy.deploy.voices import VoiceStore
 from cosy.errors import CosyError
 from cosy.model.precision import DTYPE_CHOICES, describe, resolve_dtype
 from cosy.pipeline.engine import Engine
 from cosy.pipeline.request import MODES, SPEED_RANGE, SynthesisError, SynthesisRequest
+from cosy.text.lexicon import parse_hot_fix, request_fixes
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, help="same seed + same inputs = same audio")
     p.add_argument("--ssml", action="store_true", help="--text is an SSML document (docs: SSML: breaks, sub, "
                    "say-as, phoneme, rate, volume)")
+    p.add_argument("--hot_fix", default="", metavar="JSON", help="pronunciation fixes, the managed service's "
+                   "shape: '{\"pronunciation\": [{\"重庆\": \"chong2 qing4\"}], \"replace\": [{\"WHO\": "
+                   "\"世界卫生组织\"}]}' (before DATA_DIR/lexicon.tsv's entries, which apply too; docs: text control)")
     p.add_argument("--greedy", action="store_true", help="argmax decoding instead of RAS sampling "
                    "(to compare the embedded LM with a backend)")
     p.add_argument("--ttsfrd_dir", help="CosyVoice-ttsfrd resource dir (text normalization; wetext otherwise)")
@@ -139,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
                                voice=voice.features if voice else None, source_wav=args.source_wav,
                                stream=args.stream, speed=args.speed, seed=args.seed,
                                greedy=args.greedy, ssml=args.ssml)
+        req.fixes = request_fixes(parse_hot_fix(args.hot_fix, "--hot_fix"), _lexicon(Path(args.data_dir)),
+                                  engine.family.phoneme_tags, req.text, req.ssml)
         if voice is not None:
             req.prompt_text = voice.prompt_text
         req.check()  # a bad request (malformed SSML ...) writes no file
@@ -181,6 +189,15 @@ def _peak_gpu(device: str) -> str:
         return ""
     import torch
     return f", peak GPU memory {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB"
+
+
+def _lexicon(data_dir: Path) -> tuple:
+    """DATA_DIR/lexicon.tsv's entries (none without the file); a file that does not load is an error here
+    (LexiconFileError naming the line): a one-off run has no last good lexicon to fall back on."""
+    try:
+        return tuple(parse_file((data_dir / LEXICON_FILE).read_bytes()).values())
+    except FileNotFoundError:
+        return ()
 
 
 def _chunks(engine: Engine, req: SynthesisRequest):

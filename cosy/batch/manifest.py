@@ -5,6 +5,7 @@
     {"id": "u003", "text": "...", "mode": "instruct", "prompt_wav": "bob.wav", "instruct_text": "用四川话说这句话"}
     {"id": "u004", "text": "...", "prompt_wav": "bob.wav", "format": "mp3", "sample_rate": 16000, "speed": 1.1}
     {"id": "u005", "text": "<speak>你好<break time=\"300ms\"/>再见</speak>", "voice_id": "alice", "ssml": true}
+    {"id": "u006", "text": "去重庆", "voice_id": "alice", "hot_fix": {"pronunciation": [{"重庆": "chong2 qing4"}]}}
 
 `mode` defaults to `voice` with a `voice_id`, else `zero_shot` with a `prompt_text`, else `cross_lingual`.
 Relative `prompt_wav` paths are read from the manifest's folder. A line is assigned to a shard by its number
@@ -33,11 +34,12 @@ from cosy.pipeline.request import (
     SynthesisRequest,
     check_range,
 )
+from cosy.text.lexicon import parse_hot_fix
 
 # ids become file names: 1-128 of [A-Za-z0-9_.-], starting with a letter or digit
 ITEM_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 FIELDS = ("id", "text", "mode", "voice_id", "prompt_wav", "prompt_text", "instruct_text", "speed", "seed",
-          "format", "sample_rate", "ssml")
+          "format", "sample_rate", "ssml", "hot_fix")
 MAX_LINE_BYTES = 1 << 20  # a line holds at most 20,000 characters of text and a few short fields
 SHOWN = 100  # characters of a value a message quotes
 
@@ -193,10 +195,13 @@ def _item(obj: dict, item_id: str, number: int, base: Path, default_rate: int, p
         raise SynthesisError(f"seed must be a whole number, got {shown(seed)}")
     req = SynthesisRequest(mode=mode, text=obj.get("text") or "", prompt_text=obj.get("prompt_text") or "",
                            prompt_wav=prompt_wav, instruct_text=obj.get("instruct_text") or "",
-                           voice_id=voice_id, speed=speed, seed=seed, ssml=ssml).check()
+                           voice_id=voice_id, speed=speed, seed=seed, ssml=ssml,
+                           hot_fix=parse_hot_fix(obj.get("hot_fix"))).check()
     asked = {"mode": mode, "text": req.text, "prompt_text": req.prompt_text, "instruct_text": req.instruct_text,
              "voice_id": voice_id, "prompt": prompt_digest, "speed": float(speed), "seed": seed, "ssml": ssml,
              "format": fmt, "sample_rate": rate}
+    if req.hot_fix:  # (a line without one keeps the digest it had before the field existed)
+        asked["hot_fix"] = [e.to_dict() for e in req.hot_fix]
     digest = hashlib.sha256(json.dumps(asked, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:16]
     return BatchItem(item_id, number, req, fmt, rate, digest)
 

@@ -3,6 +3,7 @@
     data = DataDir("/nas/cosy")
     path = data.save_upload(wav_bytes, "prompt.wav")   # uploads/<sha256>.wav, written atomically
     data.voices.save("alice", text, features)          # voices/alice/ (cosy.deploy.voices.VoiceStore)
+    data.lexicon.entries()                             # lexicon.tsv (cosy.deploy.lexicon.LexiconStore)
     model = resolve_model_dir(spec, data.models_root)  # models/<owner>/<name> (cosy.deploy.models)
     data.fine_tuned("my-voice-ft")                     # models/my-voice-ft, checked complete
 
@@ -17,6 +18,8 @@ import os
 import tempfile
 from pathlib import Path, PurePosixPath
 
+from cosy.deploy.lexicon import FILE_NAME as LEXICON_FILE
+from cosy.deploy.lexicon import LexiconStore
 from cosy.deploy.voices import VOICE_ID, VoiceStore
 from cosy.errors import BadRequest, PayloadTooLarge, UnsupportedMedia, echo, storing
 from cosy.model.files import ModelDir, ModelDirError
@@ -71,6 +74,7 @@ class DataDir:
         for sub in ("voices", "uploads", "models"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)  # exist_ok: 8 frontends may race here
         self._voices = VoiceStore(self.root / "voices")
+        self.lexicon = LexiconStore(self.root / LEXICON_FILE)  # the shared pronunciation lexicon
 
     @property
     def voices(self) -> VoiceStore:

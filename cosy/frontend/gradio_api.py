@@ -6,7 +6,8 @@
                               api_name="/zero_shot")
 
 `/zero_shot`, `/cross_lingual`, `/instruct` and `/saved_voice` return a 24 kHz wav file (the client
-downloads it); `/save_voice` and `/list_voices` return JSON. Uploaded prompts are copied into the data
+downloads it); each takes `hot_fix` last (pronunciation fixes as JSON, the managed service's shape: `cosy.text.lexicon`;
+"" none). `/save_voice` and `/list_voices` return JSON. Uploaded prompts are copied into the data
 dir (content-addressed), so every frontend sharing it sees them. Errors raise `gr.Error` with the
 service's message: the client raises it with that text as written (not HTML-escaped: only the WebUI renders
 it as HTML), never with a stack trace.
@@ -37,6 +38,7 @@ from cosy.frontend import gradio_compat, store
 from cosy.frontend.encoding import wav_bytes
 from cosy.frontend.service import FrontendService
 from cosy.pipeline.request import SynthesisRequest, as_number, clean_filename
+from cosy.text.lexicon import parse_hot_fix
 
 log = logging.getLogger(__name__)
 OUT_DIR = store.RESULTS  # gradio serves only temp/cwd files; gradio copies results into its own cache
@@ -189,10 +191,13 @@ def left_watch(blocks, request, api_name: str) -> Iterator[threading.Event | Non
 
 
 def _synthesize(service: FrontendService, mode: str, seed: object, speed: object, prompt_wav: object = None,
-                cancelled: threading.Event | None = None, **fields) -> FileData:
+                cancelled: threading.Event | None = None, hot_fix: object = "", **fields) -> FileData:
+    """`hot_fix`: pronunciation fixes as JSON (`cosy.text.lexicon.parse_hot_fix`; "" none)."""
     with user_errors(as_html=False), refused_uploads_removed() as track:
+        fixes = parse_hot_fix(hot_fix)
         req = SynthesisRequest(mode=mode, prompt_wav=uploaded(service, prompt_wav, track),
-                               seed=as_number(seed, "seed", int), speed=as_number(speed, "speed"), **fields)
+                               seed=as_number(seed, "seed", int), speed=as_number(speed, "speed"), hot_fix=fixes,
+                               **fields)
         result = service.synthesize(req, "gradio_api", cancelled)
         return FileData(path=wav_file(result.audio, result.sample_rate, f"cosy-{mode}"))
 
@@ -203,35 +208,37 @@ def register(service: FrontendService) -> None:
     blocks = Context.root_block  # its queue knows whether a call's client is still there
 
     def zero_shot(tts_text: str, prompt_text: str, prompt_wav: FileData, seed: int = 0,
-                  speed: float = 1.0, enable_ssml: bool = False, request: gr.Request = None) -> FileData:
+                  speed: float = 1.0, enable_ssml: bool = False, hot_fix: str = "",
+                  request: gr.Request = None) -> FileData:
         """3s极速复刻 Zero-shot clone: speak tts_text in the voice of prompt_wav (3-30 s), whose transcript
         is prompt_text. Returns a 24 kHz wav."""
         with left_watch(blocks, request, "zero_shot") as left:
-            return _synthesize(service, "zero_shot", seed, speed, prompt_wav, left, text=tts_text,
+            return _synthesize(service, "zero_shot", seed, speed, prompt_wav, left, hot_fix, text=tts_text,
                                prompt_text=prompt_text, ssml=bool(enable_ssml))
 
     def cross_lingual(tts_text: str, prompt_wav: FileData, seed: int = 0, speed: float = 1.0,
-                      enable_ssml: bool = False, request: gr.Request = None) -> FileData:
+                      enable_ssml: bool = False, hot_fix: str = "", request: gr.Request = None) -> FileData:
         """跨语种复刻 Cross-lingual: the voice of prompt_wav (any language, no transcript) speaking tts_text.
         Returns a 24 kHz wav."""
         with left_watch(blocks, request, "cross_lingual") as left:
-            return _synthesize(service, "cross_lingual", seed, speed, prompt_wav, left, text=tts_text,
+            return _synthesize(service, "cross_lingual", seed, speed, prompt_wav, left, hot_fix, text=tts_text,
                                ssml=bool(enable_ssml))
 
     def instruct(tts_text: str, instruct_text: str, prompt_wav: FileData, seed: int = 0,
-                 speed: float = 1.0, enable_ssml: bool = False, request: gr.Request = None) -> FileData:
+                 speed: float = 1.0, enable_ssml: bool = False, hot_fix: str = "",
+                 request: gr.Request = None) -> FileData:
         """自然语言控制 Instruct: the voice of prompt_wav speaking tts_text as instruct_text asks (e.g.
         用四川话说这句话, Speak slowly and softly). Returns a 24 kHz wav."""
         with left_watch(blocks, request, "instruct") as left:
-            return _synthesize(service, "instruct", seed, speed, prompt_wav, left, text=tts_text,
+            return _synthesize(service, "instruct", seed, speed, prompt_wav, left, hot_fix, text=tts_text,
                                instruct_text=instruct_text, ssml=bool(enable_ssml))
 
     def saved_voice(tts_text: str, voice_id: str, seed: int = 0, speed: float = 1.0,
-                    enable_ssml: bool = False, request: gr.Request = None) -> FileData:
+                    enable_ssml: bool = False, hot_fix: str = "", request: gr.Request = None) -> FileData:
         """预设音色 Saved voice: speak tts_text with a voice saved earlier (/save_voice). Returns a 24 kHz
         wav."""
         with left_watch(blocks, request, "saved_voice") as left:
-            return _synthesize(service, "voice", seed, speed, None, left, text=tts_text, voice_id=voice_id,
+            return _synthesize(service, "voice", seed, speed, None, left, hot_fix, text=tts_text, voice_id=voice_id,
                                ssml=bool(enable_ssml))
 
     def save_voice(voice_id: str, prompt_text: str, prompt_wav: FileData, request: gr.Request = None) -> dict:

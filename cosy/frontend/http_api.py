@@ -36,6 +36,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from cosy.errors import Unauthorized, Unavailable
 from cosy.frontend.api_routing import add_route, api_router, error_response, log
 from cosy.frontend.auth import KeyGate
+from cosy.frontend.lexicon_api import build_lexicon_router
 from cosy.frontend.metrics import Metrics
 from cosy.frontend.openai_api import build_openai_router
 from cosy.frontend.pai_api import build_pai_router
@@ -78,6 +79,7 @@ def build_router(service: FrontendService, *, api_key: str | None, ready: Ready)
     router = api_router()
     router.include_router(build_pai_router(service, refs, auth))
     router.include_router(build_openai_router(service, refs, auth))
+    router.include_router(build_lexicon_router(service, auth))  # /api/v1/lexicon (cosy.frontend.lexicon_api)
     router.include_router(build_voices_router(service, auth))  # /v1/audio/voices (cosy.frontend.voices_api)
     router.include_router(build_batch_router(service, auth))  # /v1/audio/speech/batch (cosy.frontend.speech_batch)
 

@@ -39,6 +39,7 @@ from cosy.frontend.reference_audio import ReferenceAudios
 from cosy.frontend.service import FrontendService
 from cosy.frontend.speech_stream import Piece, SpeechRequest, open_speech
 from cosy.pipeline.request import PRIORITIES, SEED_RANGE, SPEED_RANGE, SynthesisRequest
+from cosy.text.lexicon import parse_hot_fix
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,7 @@ class OpenAISpeech(BaseModel):
     stream_format: Literal["audio", "sse"] = "audio"
     seed: int | None = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
     enable_ssml: bool = False  # an extension: `input` is SSML (README "SSML")
+    hot_fix: dict | None = None  # an extension: pronunciation fixes, the managed service's shape (cosy.text.lexicon)
     priority: Literal[PRIORITIES] | None = None  # an extension: the class (None: interactive, a stream's)
 
 
@@ -99,7 +101,8 @@ def build_openai_router(service: FrontendService, refs: ReferenceAudios, depende
         # without instructions: zero-shot with the voice's stored transcript (our mode 'voice')
         synthesis = SynthesisRequest(mode="instruct" if instruct else "voice", text=body.input, voice_id=voice,
                                      instruct_text=instruct, speed=speed, seed=body.seed, stream=True,
-                                     ssml=body.enable_ssml, priority=body.priority)
+                                     ssml=body.enable_ssml, priority=body.priority,
+                                     hot_fix=parse_hot_fix(body.hot_fix))
         req = SpeechRequest(synthesis, "openai", fmt=body.response_format, sample_rate=service.sample_rate)
         pieces = await open_speech(service, refs, req, received, request)  # a client leaving cancels the job
         headers = {"X-Request-Id": request_id, "X-Cosy-Speed": f"{speed:g}"}

@@ -60,6 +60,7 @@ from cosy.pipeline.request import (
     SynthesisRequest,
     check_range,
 )
+from cosy.text.lexicon import parse_hot_fix
 
 # PAI's mode names -> ours; fast_replication uses the reference audio's stored transcript (our mode 'voice')
 MODES = {"fast_replication": "voice", "cross_lingual_replication": "cross_lingual",
@@ -110,13 +111,18 @@ class PaiOptions(BaseModel):
     debug: bool | None = None
     seed: int | None = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1], description="an extension: reproducible")
     enable_ssml: bool | None = Field(None, description="the text is SSML (README 'SSML'); default false")
+    hot_fix: dict | None = Field(
+        None, description="per-request pronunciation fixes, the managed service's shape: {\"pronunciation\": "
+        "[{\"重庆\": \"chong2 qing4\"}], \"replace\": [{\"WHO\": \"世界卫生组织\"}]}; they take precedence over "
+        "the shared lexicon")
     priority: Literal[PRIORITIES] | None = Field(
         None, description="an extension: the request's priority class (default: interactive for a stream, default "
         "for a whole file; a more urgent class than that only where the frontend allows it)")
 
 
 OPTION_DEFAULTS = {"sample_rate": 24000, "bit_rate": DEFAULT_BIT_RATE, "volume": 1.0, "speed": 1.0,
-                   "output_format": "wav", "debug": False, "seed": None, "enable_ssml": False, "priority": None}
+                   "output_format": "wav", "debug": False, "seed": None, "enable_ssml": False, "priority": None,
+                   "hot_fix": None}
 
 
 class PaiInput(PaiOptions):
@@ -236,7 +242,8 @@ def build_pai_router(service: FrontendService, refs: ReferenceAudios, dependenci
         o = resolve_options(body)
         synthesis = SynthesisRequest(mode=MODES[inp.mode], text=inp.text, voice_id=inp.reference_audio_id,
                                      instruct_text=inp.instruct, speed=o["speed"], seed=o["seed"],
-                                     stream=body.stream, ssml=o["enable_ssml"], priority=o["priority"])
+                                     stream=body.stream, ssml=o["enable_ssml"], priority=o["priority"],
+                                     hot_fix=parse_hot_fix(o["hot_fix"], "input.hot_fix"))
         req = SpeechRequest(synthesis, "pai", fmt=o["output_format"], sample_rate=o["sample_rate"],
                             bit_rate=o["bit_rate"], volume=o["volume"])
         pieces = await open_speech(service, refs, req, received, request)  # a client leaving cancels the job

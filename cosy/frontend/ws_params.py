@@ -8,7 +8,8 @@ priority (interactive by default; `cosy.frontend.service.FrontendService.priorit
 result-generated without audio).
 DashScope (`/api-ws/v1/inference`, its SDK's SpeechSynthesizer): voice (a reference audio / saved voice id;
 spoken with its stored transcript, PAI's fast_replication), format (mp3), sample_rate (22050), volume
-0-100 (50 = unchanged), rate 0.5-2 (speed), seed, enable_ssml, priority; audio always as binary frames.
+0-100 (50 = unchanged), rate 0.5-2 (speed), seed, enable_ssml, priority, hot_fix (both dialects: pronunciation
+fixes, `cosy.text.lexicon.parse_hot_fix`); audio always as binary frames.
 Other keys (pitch, text_type, type, bit_rate) are ignored; format "Default" and sample_rate 0 (the SDK's
 AudioFormat.DEFAULT) mean mp3 at 22050 Hz.
 """
@@ -24,6 +25,7 @@ from cosy.frontend.encoding import FORMATS
 from cosy.frontend.pai_api import DEFAULT_BIT_RATE, MODES, PaiOptions, parse_bit_rate
 from cosy.frontend.speech_stream import SpeechRequest
 from cosy.pipeline.request import PRIORITIES, SAMPLE_RATE_RANGE, SEED_RANGE, SPEED_RANGE, SynthesisRequest
+from cosy.text.lexicon import parse_hot_fix
 
 
 @dataclass
@@ -53,6 +55,7 @@ class DashScopeParameters(BaseModel):
     seed: int | None = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
     enable_ssml: bool = False
     priority: Literal[PRIORITIES] | None = None  # an extension, as on the PAI socket
+    hot_fix: dict | None = None  # pronunciation fixes, as published (`cosy.text.lexicon.parse_hot_fix`)
 
 
 def _validated(model: type[BaseModel], payload: dict, prefix: str = "parameters.") -> BaseModel:
@@ -78,7 +81,7 @@ class Dialect:
             raise BadRequest("parameters.instruct is required for natural_language_replication")
         synthesis = SynthesisRequest(mode=mode, voice_id=p.reference_audio_id, instruct_text=p.instruct,
                                      speed=p.speed or 1.0, seed=p.seed, stream=True, duplex=True,
-                                     priority=p.priority)
+                                     priority=p.priority, hot_fix=parse_hot_fix(p.hot_fix, "parameters.hot_fix"))
         speech = SpeechRequest(synthesis, "pai", fmt=p.output_format or "wav", sample_rate=p.sample_rate or 24000,
                                bit_rate=parse_bit_rate(p.bit_rate or DEFAULT_BIT_RATE),
                                volume=1.0 if p.volume is None else p.volume)
@@ -97,7 +100,8 @@ class DashScopeDialect(Dialect):
             raise BadRequest(f"parameters.sample_rate {rate} is out of range ({SAMPLE_RATE_RANGE[0]} to "
                              f"{SAMPLE_RATE_RANGE[1]})")
         synthesis = SynthesisRequest(mode="voice", voice_id=p.voice, speed=p.rate, seed=p.seed, stream=True,
-                                     duplex=True, priority=p.priority)
+                                     duplex=True, priority=p.priority,
+                                     hot_fix=parse_hot_fix(p.hot_fix, "parameters.hot_fix"))
         return TaskParams(SpeechRequest(synthesis, "pai", fmt=fmt, sample_rate=rate,
                                         volume=p.volume / 50), True, p.enable_ssml, plain_ok=True)
 

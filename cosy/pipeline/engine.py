@@ -156,7 +156,7 @@ class Engine:
             yield from self._token2wav(iter(tokens.flatten().tolist()), flow_prompt, req, seed, tokens.numel())
             return
         speech = features.speech_tokens.flatten().tolist()
-        if req.ssml:
+        if req.ssml or req.fixes:  # pronunciation fixes: the plain text as the document that marks them up
             yield from self._ssml(req, speech, flow_prompt, seed)
             return
         inputs = lm_input(self.text, self.family, req.mode, req.text, req.prompt_text, req.instruct_text, speech)

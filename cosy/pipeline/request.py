@@ -12,6 +12,7 @@ features) before the request leaves the process, so workers never read the data 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import unicodedata
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from typing import Any
 
 from cosy.errors import BadRequest, clip, echo
 from cosy.prompt.encoder import PromptFeatures
+from cosy.text.lexicon import Entry, fix_items, plain_document
 from cosy.text.ssml import Ssml, parse
 
 # zero_shot: 3 s clone (prompt audio + its transcript); cross_lingual: prompt audio only; instruct: prompt
@@ -82,6 +84,10 @@ class SynthesisRequest:
     ssml: bool = False  # `text` is an SSML document (`cosy.text.ssml`): breaks, sub, say-as, phoneme, rate, volume
     priority: str | None = None  # one of PRIORITIES; None: the surface's default (`default_priority`)
     word_timestamps: bool = False  # each sentence's words timed by the frontend's aligner (`--aligner`, cosy.align)
+    # pronunciation fixes (`cosy.text.lexicon`): the caller's hot_fix, and what the engine applies (the hot_fix
+    # and the shared lexicon's entries, `cosy.text.lexicon.ordered`; the frontend resolves it, `resolve_fixes`)
+    hot_fix: tuple[Entry, ...] = ()
+    fixes: tuple[Entry, ...] = ()
 
     def check(self) -> "SynthesisRequest":
         """Raise SynthesisError naming the first field that breaks a rule; returns self."""
@@ -104,12 +110,15 @@ class SynthesisRequest:
         return self
 
     def ssml_document(self) -> Ssml:
-        """The parsed SSML text (`cosy.text.ssml.Ssml`), checked: something to speak, a mode with text, the
-        document's rate times `speed` within SPEED_RANGE. SynthesisError (or SsmlError, with the position)."""
+        """The parsed SSML text (`cosy.text.ssml.Ssml`; a plain text with `fixes`: the document that marks
+        them up, `cosy.text.lexicon.plain_document`), `fixes` applied, checked: something to speak, a mode
+        with text, the document's rate times `speed` within SPEED_RANGE. SynthesisError (or SsmlError, with
+        the position)."""
         if self.mode == "vc" or self.duplex:
             raise SynthesisError("SSML needs the whole text in one piece" if self.duplex
                                  else "mode 'vc' has no text to mark up with SSML")
-        doc = parse(self.text)
+        doc = (parse(self.text, functools.partial(fix_items, entries=self.fixes) if self.fixes else None)
+               if self.ssml else plain_document(self.text, self.fixes))
         check_text(doc.text, "the SSML document's text", MAX_TEXT_CHARS)
         low, high = SPEED_RANGE
         if not low <= self.speed * doc.speed <= high:

@@ -28,6 +28,7 @@ with them (a DOCTYPE is never accepted). The check looks at the first few charac
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from xml.parsers import expat
 
@@ -60,6 +61,12 @@ class SsmlError(BadRequest):
 @dataclass(frozen=True)
 class Text:
     text: str
+
+
+@dataclass(frozen=True)
+class Alias(Text):
+    """A <sub>'s alias while the document is parsed (its reading is decided: pronunciation fixes leave it
+    alone, `cosy.text.lexicon.fix_items`); a plain Text in the parsed document."""
 
 
 @dataclass(frozen=True)
@@ -105,14 +112,16 @@ def looks_like_ssml(text: str) -> bool:
     return _SSML_START.match(text) is not None
 
 
-def parse(doc: str) -> Ssml:
-    """The document's items, speed and gain; SsmlError at the first problem (nothing is partly accepted)."""
-    return _Parser(doc).run()
+def parse(doc: str, rewrite: Callable[[list[Item]], list[Item]] | None = None) -> Ssml:
+    """The document's items, speed and gain; SsmlError at the first problem (nothing is partly accepted).
+    `rewrite`: applied to the items before adjacent texts are joined (pronunciation fixes,
+    `cosy.text.lexicon.fix_items`)."""
+    return _Parser(doc, rewrite).run()
 
 
 class _Parser:
-    def __init__(self, doc: str):
-        self.doc = doc
+    def __init__(self, doc: str, rewrite: Callable[[list[Item]], list[Item]] | None = None):
+        self.doc, self.rewrite = doc, rewrite
         self.p = expat.ParserCreate(namespace_separator=None)
         self.p.StartElementHandler = self._start
         self.p.EndElementHandler = self._end
@@ -203,7 +212,7 @@ class _Parser:
         _, attrs = self.stack.pop()
         shown = "".join(self.inline)
         if tag == "sub":
-            self.items.append(Text(attrs["alias"]))
+            self.items.append(Alias(attrs["alias"]))
         elif tag == "say-as":
             if not shown.strip():
                 self._fail("<say-as> is empty")
@@ -224,7 +233,9 @@ class _Parser:
     def _merged(self) -> list[Item]:
         """Adjacent Text items joined (expat hands text over in pieces)."""
         out: list[Item] = []
-        for item in self.items:
+        for item in self.rewrite(self.items) if self.rewrite else self.items:
+            if isinstance(item, Alias):
+                item = Text(item.text)
             if isinstance(item, Text) and out and isinstance(out[-1], Text):
                 out[-1] = Text(out[-1].text + item.text)
             else:
