@@ -33,13 +33,30 @@ def split_tail(text: str) -> tuple[str, str]:
 
 def stream_pieces(frontend: TextFrontend, pieces: Iterable[str]) -> Iterator[str]:
     """Normalized text pieces (never empty) as the raw pieces arrive; the held-back tail at the end."""
-    held = ""
+    for released in stream_released(frontend, pieces):
+        yield released.normalized
+
+
+class Released(NamedTuple):
+    """A run of the caller's text released to the normalizer, and what it became."""
+
+    begin: int  # character offsets into the concatenation of the raw pieces, end exclusive
+    end: int
+    raw: str  # the caller's text of it: that concatenation[begin:end]
+    normalized: str  # never empty
+
+
+def stream_released(frontend: TextFrontend, pieces: Iterable[str]) -> Iterator[Released]:
+    """`stream_pieces` with where each normalized piece came from in the caller's text (the raw pieces joined
+    as sent): consecutive runs, blanks-only runs left out."""
+    held, start = "", 0  # `held` begins at offset `start` of the joined pieces
     for piece in pieces:
         ready, held = split_tail(held + piece)
         if out := _normalized(frontend, ready):
-            yield out
+            yield Released(start, start + len(ready), ready, out)
+        start += len(ready)
     if out := _normalized(frontend, held):
-        yield out
+        yield Released(start, start + len(held), held, out)
 
 
 def _normalized(frontend: TextFrontend, text: str) -> str:
@@ -121,4 +138,5 @@ class Sentences:
         return [Mark("end", self.index, sentence, self.characters)]
 
 
-__all__ = ["SEGMENT_ENDS", "Mark", "Sentences", "sentence_parts", "split_tail", "stream_pieces"]
+__all__ = ["SEGMENT_ENDS", "Mark", "Released", "Sentences", "sentence_parts", "split_tail", "stream_pieces",
+           "stream_released"]
