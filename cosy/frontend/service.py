@@ -14,7 +14,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 
@@ -40,6 +40,7 @@ from cosy.pipeline.request import (
     default_priority,
     priority_rank,
 )
+from cosy.pipeline.timing import SentenceMark, SentenceTiming
 from cosy.service.workers import JobTrace, WorkerPool
 from cosy.text.lexicon import request_fixes
 from cosy.text.ssml_text import spoken_runs
@@ -61,6 +62,9 @@ class SynthesisResult:
     audio: np.ndarray  # (N,) float32
     sample_rate: int
     seconds: float  # wall time
+    # each sentence spoken, in order, with its exact samples in `audio` and its span of the caller's text
+    # (`cosy.pipeline.timing`); they tile the audio but for SSML breaks; empty for voice conversion
+    sentences: list[SentenceTiming] = field(default_factory=list)
 
 
 class FrontendService:
@@ -138,12 +142,16 @@ class FrontendService:
 
     def stream(self, req: SynthesisRequest, surface: str, received: float | None = None,
                cancelled: threading.Event | None = None, text: queue.Queue | None = None,
-               on_text: Callable[[str], None] | None = None) -> Iterator[np.ndarray]:
+               on_text: Callable[[str], None] | None = None,
+               on_sentence: Callable[[SentenceMark], None] | None = None) -> Iterator[np.ndarray]:
         """Audio chunks (float32, `sample_rate`) as the workers make them, at the request's priority class
         (`priority_of`); metrics under (surface, mode) and, for quality of service, (class, surface).
         Setting `cancelled` (from any thread) cancels the job at once, even while it waits in the queue.
         `text`: a duplex request's text pieces (str; None ends the text), `on_text` the normalized text its LM
-        takes, see `WorkerPool.synthesize_duplex`."""
+        takes, see `WorkerPool.synthesize_duplex`. `on_sentence` is called, on the thread reading this
+        iterator, with each sentence's "begin" mark before its first chunk is yielded and its "end" mark
+        after its last chunk is yielded (before the next chunk, or the iterator's end): exact samples
+        counted from this stream's start, offsets into the caller's text (`cosy.pipeline.timing`)."""
         received = time.monotonic() if received is None else received
         m, labels = self.metrics, (surface, req.mode)
         seconds, chunks = 0.0, 0
@@ -152,8 +160,9 @@ class FrontendService:
         try:
             req = replace(req, priority=self.priority_of(req, surface))
             qos = (req.priority, surface)  # the series' labels (class, api)
-            source = (self.pool.synthesize(self.resolve(req), cancelled, trace) if text is None
-                      else self.pool.synthesize_duplex(self.resolve(req), text, cancelled, on_text, trace))
+            source = (self.pool.synthesize(self.resolve(req), cancelled, trace, on_mark=on_sentence) if text is None
+                      else self.pool.synthesize_duplex(self.resolve(req), text, cancelled, on_text, trace,
+                                                       on_mark=on_sentence))
             for chunk in source:
                 now = time.monotonic()
                 if not chunks:
@@ -182,11 +191,18 @@ class FrontendService:
 
     def synthesize(self, req: SynthesisRequest, surface: str,
                    cancelled: threading.Event | None = None) -> SynthesisResult:
-        """The whole utterance at once (non-streaming synthesis); setting `cancelled` cancels it."""
+        """The whole utterance at once (non-streaming synthesis), with its sentences' timings; setting
+        `cancelled` cancels it."""
         start = time.monotonic()
-        chunks = list(self.stream(replace(req, stream=False), surface, start, cancelled))
+        sentences: list[SentenceTiming] = []
+
+        def ended(mark: SentenceMark) -> None:
+            if mark.kind == "end":
+                sentences.append(mark.sentence)
+
+        chunks = list(self.stream(replace(req, stream=False), surface, start, cancelled, on_sentence=ended))
         audio = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
-        return SynthesisResult(audio, self.sample_rate, time.monotonic() - start)
+        return SynthesisResult(audio, self.sample_rate, time.monotonic() - start, sentences)
 
     def save_voice(self, voice_id: str, prompt_text: str, prompt_wav: str | Path | None,
                    overwrite: bool = False, cancelled: threading.Event | None = None,

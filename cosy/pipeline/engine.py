@@ -42,11 +42,13 @@ from cosy.pipeline.request import (
     SynthesisError,
     SynthesisRequest,
 )
+from cosy.pipeline.timing import SentenceClock, SentenceMark
 from cosy.pipeline.token2wav import FlowPrompt, Token2Wav, load_token2wav
 from cosy.pipeline.token2wav_stream import stream_room
 from cosy.prompt.encoder import PromptFeatures, VoicePromptEncoder
 from cosy.speech.scheduler import Batch
 from cosy.text.frontend import TextFrontend
+from cosy.text.offsets import segment_spans, strip_prefix
 from cosy.text.ssml import Break
 from cosy.text.ssml_text import spoken_runs
 from cosy.text.stream import sentence_parts, stream_pieces
@@ -143,8 +145,23 @@ class Engine:
     def prompt_features(self, source: object) -> PromptFeatures:
         return self.prompts.encode(source)
 
-    def synthesize(self, req: SynthesisRequest) -> Iterator[Tensor]:
-        """Yield (N,) float32 audio chunks in order: one per sentence, or streaming chunks."""
+    def synthesize(self, req: SynthesisRequest,
+                   on_mark: Callable[[SentenceMark], None] | None = None) -> Iterator[Tensor]:
+        """Yield (N,) float32 audio chunks in order: one per sentence, or streaming chunks. `on_mark` (called
+        inside this iterator) gets each sentence's "begin" mark before its first chunk is yielded and its
+        "end" mark after its last one is (`cosy.pipeline.timing`): each text segment the LM speaks is a
+        sentence, its samples counted exactly, its span of the caller's text (`req.text`; SSML: the
+        document's text content) found by `cosy.text.offsets`. The marks change nothing spoken."""
+        clock = SentenceClock(req.text, self.sample_rate, on_mark)
+        chunks = self._synthesize(req, clock)
+        try:
+            for chunk in chunks:
+                clock.count(chunk.numel())
+                yield chunk
+        finally:  # closed early: the LM stops now (`_token2wav`)
+            chunks.close()
+
+    def _synthesize(self, req: SynthesisRequest, clock: SentenceClock) -> Iterator[Tensor]:
         req.check()
         seed = req.seed if req.seed is not None else random.randrange(2**31)
         features = self._features(req)
@@ -157,19 +174,33 @@ class Engine:
             return
         speech = features.speech_tokens.flatten().tolist()
         if req.ssml or req.fixes:  # pronunciation fixes: the plain text as the document that marks them up
-            yield from self._ssml(req, speech, flow_prompt, seed)
+            yield from self._ssml(req, speech, flow_prompt, seed, clock)
             return
-        inputs = lm_input(self.text, self.family, req.mode, req.text, req.prompt_text, req.instruct_text, speech)
-        yield from self._speak(self._fit(inputs), flow_prompt, req, seed)
+        inputs = self._fit(lm_input(self.text, self.family, req.mode, req.text, req.prompt_text, req.instruct_text,
+                                    speech))
+        yield from self._speak(inputs, flow_prompt, req, seed, clock=clock,
+                               spans=self._spans(req, req.text, inputs, clock))
+
+    def _spans(self, req: SynthesisRequest, text: str, inputs: LMInput,
+               clock: SentenceClock) -> list[tuple[int, int]]:
+        """Each segment's span of `text`, the caller's text it came from (none when nobody asks)."""
+        if not clock.wanted:
+            return [(0, 0)] * len(inputs.segments)
+        prefix = self.family.system_prompt if req.mode == "cross_lingual" else ""
+        return segment_spans(text, strip_prefix([s for s, _ in inputs.segments], prefix))
 
     def _fit(self, inputs: LMInput) -> LMInput:
         """`inputs` cut to fit the LM's context (`fit_context`); SynthesisError if they never can."""
         return fit_context(self.text, self.family, inputs, self.lm_context())
 
     def _speak(self, inputs: LMInput, flow_prompt: FlowPrompt, req: SynthesisRequest, seed: int,
-               first: int = 0) -> Iterator[Tensor]:
-        """Each text segment through the LM and token2wav, in order; segment i seeded seed + first + i."""
+               first: int = 0, clock: SentenceClock | None = None,
+               spans: list[tuple[int, int]] | None = None) -> Iterator[Tensor]:
+        """Each text segment through the LM and token2wav, in order; segment i seeded seed + first + i. With a
+        `clock`, each segment is a sentence from `spans` (its span of the caller's text)."""
         for i, (segment, text_ids) in enumerate(inputs.segments, first):
+            if clock is not None:
+                clock.begin(*spans[i - first])
             log.debug("segment %d: %s", i, segment)
             embeds = self._prompt_embeds(text_ids, inputs.prompt_text, inputs.prompt_speech)
             min_len, max_len = self.family.length_limits(len(text_ids))
@@ -180,16 +211,21 @@ class Engine:
             tokens = drop_long_silence(self.lm.generate(embeds, min_len, max_len, seed=seed + i, params=params,
                                                         **apart), self.family.tokens)
             yield from self._token2wav(tokens, flow_prompt, req, seed + i, min_len)
+            if clock is not None:
+                clock.end()
 
     def _ssml(self, req: SynthesisRequest, speech: list[int], flow_prompt: FlowPrompt,
-              seed: int) -> Iterator[Tensor]:
+              seed: int, clock: SentenceClock) -> Iterator[Tensor]:
         """An SSML text: its runs spoken as plain text is (segments numbered on across runs, so a document
         without breaks is its plain text's seeds and segments), each break as exactly that many zero
         samples, at the document's rate (times req.speed) and gain. Runs with nothing to speak (blanks, the
-        full stop after a break) are left out by `spoken_runs`, the one rule."""
+        full stop after a break) are left out by `spoken_runs`, the one rule. Sentences' spans are into the
+        document's text content (`Ssml.text`); a break is no sentence."""
         doc = req.ssml_document()
+        clock.text = doc.text
         req = dataclasses.replace(req, speed=req.speed * doc.speed, ssml=False)
-        parts: list[Break | LMInput] = []  # all of them first: what can never be spoken fails before any audio
+        # all of them first: what can never be spoken fails before any audio
+        parts: list[Break | tuple[LMInput, list[tuple[int, int]]]] = []
         for part in spoken_runs(doc, self.family.phoneme_tags):
             if isinstance(part, Break):
                 parts.append(part)
@@ -201,13 +237,16 @@ class Engine:
                 prompt_ids, prompt_speech = lm_prompt(self.text, self.family, req.mode, req.prompt_text,
                                                       req.instruct_text, speech)
                 inputs = LMInput(prompt_ids, prompt_speech, self.text.tagged_segments(part.pieces))
-            parts.append(self._fit(inputs))
+            inputs = self._fit(inputs)
+            spans = self._spans(req, doc.text[part.begin:part.end], inputs, clock)
+            parts.append((inputs, [(part.begin + b, part.begin + e) for b, e in spans]))
         n = 0
-        for inputs in parts:
-            if isinstance(inputs, Break):
-                yield torch.zeros(inputs.ms * self.sample_rate // 1000)
+        for part in parts:
+            if isinstance(part, Break):
+                yield torch.zeros(part.ms * self.sample_rate // 1000)
                 continue
-            for chunk in self._speak(inputs, flow_prompt, req, seed, n):
+            inputs, spans = part
+            for chunk in self._speak(inputs, flow_prompt, req, seed, n, clock, spans):
                 yield chunk * doc.volume if doc.volume != 1.0 else chunk
             n += len(inputs.segments)
 

@@ -15,7 +15,8 @@ as character offsets, end exclusive).
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
 
 
 @dataclass
@@ -67,5 +68,49 @@ class SentenceMark:
     kind: str  # "begin" | "end"
     sentence: SentenceTiming
 
+    def to_wire(self) -> dict:
+        """Plain data for a pipe between processes (`from_wire` reads it back)."""
+        return {"kind": self.kind, "sentence": asdict(self.sentence)}
 
-__all__ = ["SentenceMark", "SentenceTiming", "WordTiming"]
+    @classmethod
+    def from_wire(cls, data: dict) -> "SentenceMark":
+        s = dict(data["sentence"])
+        s["words"] = [WordTiming(**w) for w in s.get("words", ())]
+        return cls(data["kind"], SentenceTiming(**s))
+
+
+class SentenceClock:
+    """The sentences of one output stream as it is made: `count` every chunk as it goes out, `begin` a sentence
+    before its first chunk, `end` it after its last; each calls `on_mark` (None: nothing is reported). Samples
+    are counted from the stream's start, so a sentence's begin_sample/end_sample are exact."""
+
+    def __init__(self, text: str, sample_rate: int, on_mark: Callable[[SentenceMark], None] | None = None):
+        self.text, self.sample_rate, self.on_mark = text, sample_rate, on_mark
+        self.samples = 0
+        self._index = 0
+        self._open: SentenceTiming | None = None
+
+    @property
+    def wanted(self) -> bool:
+        """Whether anybody listens (the caller's text spans need not be computed otherwise)."""
+        return self.on_mark is not None
+
+    def count(self, samples: int) -> None:
+        self.samples += samples
+
+    def begin(self, begin_index: int, end_index: int) -> None:
+        """A sentence of `text[begin_index:end_index]` starts at the current sample."""
+        self._open = SentenceTiming(self._index, self.text[begin_index:end_index], begin_index, end_index,
+                                    self.samples, None, self.sample_rate)
+        self._index += 1
+        if self.on_mark is not None:
+            self.on_mark(SentenceMark("begin", self._open))
+
+    def end(self) -> None:
+        """The open sentence ends at the current sample."""
+        timing, self._open = replace(self._open, end_sample=self.samples), None
+        if self.on_mark is not None:
+            self.on_mark(SentenceMark("end", timing))
+
+
+__all__ = ["SentenceClock", "SentenceMark", "SentenceTiming", "WordTiming"]

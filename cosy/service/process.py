@@ -3,8 +3,10 @@
 Messages from the pool (`cosy.service.workers.WorkerPool`) over a Pipe: `(job_id, kind, payload)` starts a
 job, `("text", job_id, piece)` brings a "duplex" job its next text piece (None: the text ended),
 `("cancel", job_id)` cancels one, `None` ends the process. Answers: `("ready", sample_rate)` or
-`("failed", why)` once at start, then `("chunk"|"result"|"done"|"error", job_id, data)`, and for a duplex
-job `("taken", job_id, text)` as its LM takes each normalized piece. At max_batch 1 the
+`("failed", why)` once at start, then `("chunk"|"result"|"done"|"error", job_id, data)`, for a synthesis
+`("mark", job_id, SentenceMark.to_wire())` in order with its chunks (a sentence begins before its first
+chunk, ends after its last), and for a duplex job `("taken", job_id, text)` as its LM takes each
+normalized piece. At max_batch 1 the
 worker runs one job at a time here; above, `cosy.speech.worker.serve` holds many.
 """
 from __future__ import annotations
@@ -20,6 +22,7 @@ from cosy.deploy.cpus import usable_cores
 from cosy.errors import Cancelled, JobError
 from cosy.lm.call import start_call
 from cosy.pipeline.request import PRIORITY_AGING, SynthesisRequest
+from cosy.pipeline.timing import SentenceMark
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +168,10 @@ class TextInbox:
         """Tell the pool the LM took this normalized text (`Engine.synthesize_duplex`'s on_text)."""
         self._unarmed(lambda: self.conn.send(("taken", self.job_id, text)))
 
+    def mark(self, mark: SentenceMark) -> None:
+        """Tell the pool a sentence begins or ends (`Engine.synthesize`'s on_mark), in order with the chunks."""
+        self._unarmed(lambda: self.conn.send(("mark", self.job_id, mark.to_wire())))
+
     def _unarmed(self, io):
         it = self.interrupt
         if it is None:
@@ -279,7 +286,7 @@ def _serve(spec: EngineSpec, conn, cancel, health, prepare) -> None:
                 req = SynthesisRequest.from_wire(payload)
                 call = start_call(req.priority)  # this job's LM requests carry its class, report their wait
                 chunks = (engine.synthesize_duplex(req, inbox.pieces(), inbox.taken) if kind == "duplex"
-                          else engine.synthesize(req))
+                          else engine.synthesize(req, on_mark=inbox.mark))
                 try:
                     for chunk in chunks:
                         if cancel is not None and cancel.is_set():

@@ -41,6 +41,7 @@ from cosy.deploy.cpus import sleep_idle_threads, worker_thread_env, worker_threa
 from cosy.deploy.hosts import all_on_this_machine
 from cosy.errors import Busy, Cancelled, JobError, Unavailable
 from cosy.pipeline.request import PRIORITIES, PRIORITY_AGING, SynthesisRequest, aged_rank, priority_rank
+from cosy.pipeline.timing import SentenceMark
 from cosy.prompt.encoder import PromptFeatures
 from cosy.service.placement import device_of_worker
 from cosy.service.process import DUMP, INTERRUPT, EngineSpec, worker_main
@@ -99,7 +100,7 @@ class Job:
     id: int
     kind: str  # "synthesize" (payload: SynthesisRequest.to_wire()) or "features" (payload: {"source": path})
     payload: dict
-    out: queue.Queue = field(default_factory=queue.Queue)  # ("chunk"|"result"|"done"|"error", data)
+    out: queue.Queue = field(default_factory=queue.Queue)  # ("chunk"|"mark"|"taken"|"result"|"done"|"error", data)
     cancelled: threading.Event = field(default_factory=threading.Event)
     submitted: float = field(default_factory=time.monotonic)
     text: queue.Queue | None = None  # "duplex": text pieces for the worker, None ends the text
@@ -375,28 +376,40 @@ class WorkerPool:
                 self.cancel(job)
 
     def synthesize(self, request: SynthesisRequest, cancelled: threading.Event | None = None,
-                   trace: JobTrace | None = None) -> Iterator[np.ndarray]:
+                   trace: JobTrace | None = None,
+                   on_mark: Callable[[SentenceMark], None] | None = None) -> Iterator[np.ndarray]:
         """Queue a synthesis (by `request.priority`); yield (N,) float32 chunks at `sample_rate` (QueueFull at
         once when full). Closing the iterator, or setting `cancelled`, cancels the job (`Cancelled` is raised
-        to a reader). `trace`: filled as the job goes (`JobTrace`)."""
+        to a reader). `trace`: filled as the job goes (`JobTrace`). `on_mark` gets each sentence mark in order
+        with the chunks, called by this reader (`_chunks`)."""
         job = self.submit("synthesize", request.to_wire(), cancelled, trace=trace)
-        for _, chunk in self._results(job):
-            yield chunk
+        yield from self._chunks(job, on_mark)
 
     def synthesize_duplex(self, request: SynthesisRequest, text: queue.Queue,
                           cancelled: threading.Event | None = None,
                           on_text: Callable[[str], None] | None = None,
-                          trace: JobTrace | None = None) -> Iterator[np.ndarray]:
+                          trace: JobTrace | None = None,
+                          on_mark: Callable[[SentenceMark], None] | None = None) -> Iterator[np.ndarray]:
         """`synthesize` of a duplex request (`request.duplex`): the caller puts text pieces (str) into
         `text` while audio comes out, then None to end the text (`Engine.synthesize_duplex` in a worker).
-        `on_text` gets each normalized piece the LM takes, in order with the chunks (called by this reader)."""
+        `on_text` gets each normalized piece the LM takes, `on_mark` each sentence mark, in order with the
+        chunks (called by this reader)."""
         job = self.submit("duplex", request.to_wire(), cancelled, text, trace)
+        yield from self._chunks(job, on_mark, on_text)
+
+    def _chunks(self, job: Job, on_mark: Callable[[SentenceMark], None] | None = None,
+                on_text: Callable[[str], None] | None = None) -> Iterator[np.ndarray]:
+        """A synthesis job's audio chunks; its other messages go to their callbacks as they come, in order
+        with the chunks: a sentence's "begin" mark before its first chunk is yielded, its "end" mark after
+        its last one is (before the next chunk is yielded, or the iterator ends)."""
         for kind, data in self._results(job):
-            if kind == "taken":
-                if on_text is not None:
-                    on_text(data)
-                continue
-            yield data
+            if kind == "chunk":
+                yield data
+            elif kind == "mark":
+                if on_mark is not None:
+                    on_mark(SentenceMark.from_wire(data))
+            elif kind == "taken" and on_text is not None:
+                on_text(data)
 
     def prompt_features(self, source: str, cancelled: threading.Event | None = None) -> PromptFeatures:
         """Prompt audio file -> PromptFeatures, computed in a worker (the ONNX models live there)."""

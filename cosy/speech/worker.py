@@ -49,7 +49,8 @@ def serve(engine, conn, flow_batch: int = 1, aging: float = PRIORITY_AGING) -> N
                 req = SynthesisRequest.from_wire(r.payload)
                 call = start_call(req.priority)  # this thread's LM requests carry its class, report their wait
                 chunks = (engine.synthesize_duplex(req, r.pieces(), lambda text: send(("taken", r.id, text)))
-                          if r.kind == "duplex" else engine.synthesize(req))
+                          if r.kind == "duplex" else
+                          engine.synthesize(req, on_mark=lambda mark: send(("mark", r.id, mark.to_wire()))))
                 for chunk in chunks:
                     if r.cancelled.is_set():
                         break
