@@ -52,6 +52,8 @@ class Run:
     """Text between two pauses: ("text", s) pieces are normalized, ("tags", s) pieces are kept as they are."""
 
     pieces: list[tuple[str, str]] = field(default_factory=list)
+    begin: int = 0  # where its items stand in the document's text content (`Ssml.text`), end exclusive
+    end: int = 0
 
     @property
     def plain(self) -> bool:
@@ -75,12 +77,15 @@ def spoken_runs(doc: Ssml, phoneme_tags: bool, language: str | None = None) -> l
     lang = language if language in readings.LANGUAGES and language not in ("zh", "en") else (
         "zh" if contains_chinese(doc.text) else "en")
     out: list[Run | Break] = []
-    run = Run()
+    run, at = Run(), 0
     for item in doc.items:
+        at += len(getattr(item, "text", ""))
         if isinstance(item, Break):
             out += [run, item] if run.pieces and not run.silent else [item]
-            run = Run()
-        elif isinstance(item, Text):
+            run = Run(begin=at, end=at)
+            continue
+        run.end = at
+        if isinstance(item, Text):
             run.pieces.append(("text", item.text))
         elif isinstance(item, SayAs):
             run.pieces.append(("text", say_as(item, lang)))
