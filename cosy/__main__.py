@@ -4,6 +4,7 @@
         [--prompt_text T --prompt_wav F --instruct_text T --voice_id ID --source_wav F]
         [--stream] [--ssml] [--hot_fix JSON] [--speed S] [--seed N] [--save_voice ID] [--data_dir D]
         [--llm_base_url URL[,URL...] --llm_api_key KEY] [--device cuda --dtype bfloat16] --out out.wav
+        [--subtitles out.srt|out.vtt]
 
     python -m cosy batch MANIFEST --out DIR [--shard i/n] [frontend flags]   (cosy.batch.cli)
 """
@@ -26,6 +27,8 @@ from cosy.errors import CosyError
 from cosy.model.precision import DTYPE_CHOICES, describe, resolve_dtype
 from cosy.pipeline.engine import Engine
 from cosy.pipeline.request import MODES, SPEED_RANGE, SynthesisError, SynthesisRequest
+from cosy.pipeline.subtitles import subtitle_format, subtitles
+from cosy.pipeline.timing import SentenceMark, SentenceTiming
 from cosy.text.lexicon import parse_hot_fix, request_fixes
 
 
@@ -74,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "fused kernels, mainly for GPUs; docs: Precision)")
     p.add_argument("--out", required=True, help="output wav file (the model's rate, 16-bit; .flac works too); "
                    "written only when the whole utterance is there")
+    p.add_argument("--subtitles", metavar="PATH", help="also write subtitles, one cue per sentence with its "
+                   "text as given and its exact times in --out: SRT (.srt) or WebVTT (.vtt) by the extension "
+                   "(docs: Timestamps)")
     return p
 
 
@@ -88,6 +94,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     problem = out_problem(Path(args.out))
     if problem:
         p.error(f"--out {args.out}: {problem}")
+    if args.subtitles is not None:
+        try:
+            subtitle_format(args.subtitles)
+        except ValueError as e:
+            p.error(f"--subtitles: {e}")
+        folder = Path(os.path.realpath(args.subtitles)).parent
+        if not folder.is_dir() or Path(args.subtitles).is_dir():
+            p.error(f"--subtitles {args.subtitles}: give the path of a file in an existing folder")
     return args
 
 
@@ -156,8 +170,8 @@ def main(argv: list[str] | None = None) -> int:
             req.voice = engine.prompt_features(args.prompt_wav)
             voices.save(args.save_voice, args.prompt_text, req.voice, family=engine.family.name)
             print(f"saved voice '{args.save_voice}'", file=sys.stderr)
-        start, first, chunks = time.perf_counter(), None, []
-        for chunk in _chunks(engine, req):
+        start, first, chunks, sentences = time.perf_counter(), None, [], []
+        for chunk in _chunks(engine, req, sentences):
             first = first or time.perf_counter() - start
             chunks.append(chunk.numpy())
         samples = sum(len(c) for c in chunks)
@@ -171,6 +185,13 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as e:  # the output's folder: full, read-only, gone
             print(f"error: cannot write --out {args.out}: {e.strerror or e}", file=sys.stderr)
             return 2
+        if args.subtitles is not None:
+            cues = subtitles(sentences, subtitle_format(args.subtitles)).encode()
+            try:
+                write_whole(Path(os.path.realpath(args.subtitles)), cues)
+            except OSError as e:
+                print(f"error: cannot write --subtitles {args.subtitles}: {e.strerror or e}", file=sys.stderr)
+                return 2
     except CosyError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -200,10 +221,16 @@ def _lexicon(data_dir: Path) -> tuple:
         return ()
 
 
-def _chunks(engine: Engine, req: SynthesisRequest):
+def _chunks(engine: Engine, req: SynthesisRequest, sentences: list[SentenceTiming]):
+    """The request's chunks; each sentence's timing is appended to `sentences` as it ends."""
     if req.voice is not None and req.mode in ("zero_shot", "voice"):
         req.mode = "voice"  # features computed once (--save_voice) are used as they are
-    return engine.synthesize(req)
+
+    def ended(mark: SentenceMark) -> None:
+        if mark.kind == "end":
+            sentences.append(mark.sentence)
+
+    return engine.synthesize(req, on_mark=ended)
 
 
 if __name__ == "__main__":

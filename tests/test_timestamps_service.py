@@ -18,7 +18,8 @@ from cosy.pipeline.request import SynthesisRequest
 from cosy.service.workers import EngineSpec, WorkerPool
 
 # two sentences of more than 60 characters each: two segments (`cosy.text.split`), a number rewritten in each
-FIRST = "今天是2024年5月20日，我们一起去公园散步，看到了很多美丽的花朵和绿色的树木，还有一条小河在旁边慢慢地流过，心情非常愉快。"
+FIRST = ("今天是2024年5月20日，我们一起去公园散步，看到了很多美丽的花朵和绿色的树木，"
+         "还有一条小河在旁边慢慢地流过，心情非常愉快。")
 SECOND = "明天的温度是25度，湿度80%，适合出门旅行和运动健身，大家一定要记得带上水和防晒霜，也别忘了带一把雨伞以防万一。"
 TEXT = f"  {FIRST} {SECOND}\n"
 
