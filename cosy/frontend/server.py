@@ -75,7 +75,8 @@ def build_service(args: argparse.Namespace, env: dict[str, str] | None = None) -
                       flow_batch=flow_batch(args, device),
                       cache_mb=speech_cache_mb(args, device), fixed_tokens=args.fixed_tokens,
                       lm_batch=getattr(args, "lm_batch", 0),
-                      llm_variant=getattr(args, "llm_variant", None), env=dict(env or {}))
+                      llm_variant=getattr(args, "llm_variant", None), aligner=getattr(args, "aligner", None),
+                      env=dict(env or {}))
     pool = WorkerPool(spec, workers=args.workers, max_queue=args.max_queue,
                       priorities=getattr(args, "priorities", "on") == "on",
                       aging=getattr(args, "priority_aging", PRIORITY_AGING)).start()

@@ -67,6 +67,11 @@ class SynthesisResult:
     sentences: list[SentenceTiming] = field(default_factory=list)
 
 
+# what a request for word timings hears from a frontend without an aligner (400)
+WORDS_NEED_ALIGNER = ("word timestamps (word_timestamp_enabled) need a forced aligner, and this frontend has none: "
+                      "start it with --aligner MODEL_DIR, or ask for sentence timestamps only")
+
+
 class FrontendService:
     def __init__(self, pool: WorkerPool, data_dir: DataDir):
         self.pool, self.data = pool, data_dir
@@ -98,6 +103,8 @@ class FrontendService:
         """Checked, with a saved voice's stored features in place of `voice_id` (no ONNX work per request;
         mode 'voice' also takes the voice's transcript as prompt text)."""
         req.check()
+        if req.word_timestamps and not self.pool.spec.aligner:
+            raise SynthesisError(WORDS_NEED_ALIGNER)
         # pronunciation fixes: the request's hot_fix and the shared lexicon, as read now (`request_fixes`)
         req = replace(req, fixes=request_fixes(req.hot_fix, self.data.lexicon.entries(), self.family.phoneme_tags,
                                                None if req.duplex else req.text, req.ssml))

@@ -50,6 +50,7 @@ class EngineSpec:
     fixed_tokens: int = 0  # benchmarks only: every request generates exactly this many speech tokens
     llm_variant: str | None = None  # another LM checkpoint of the family (CosyVoice3 "rl": llm.rl.pt)
     priority_aging: float = PRIORITY_AGING  # s a waiting work item takes to move up one priority class
+    aligner: str | None = None  # --aligner: the forced aligner's directory, loaded by each worker (cosy.align)
     env: dict[str, str] = field(default_factory=dict)  # set in the worker before CUDA starts (MPS pipe dir)
 
 
@@ -256,6 +257,16 @@ def _serve(spec: EngineSpec, conn, cancel, health, prepare) -> None:
     if spec.fixed_tokens:
         from cosy.lm.fixed_length import FixedLengthLM
         engine.lm = FixedLengthLM(engine.lm, spec.fixed_tokens)
+    if spec.aligner:  # word timings: each worker aligns its own requests' audio, on its device
+        try:
+            from cosy.align.aligner import Aligner
+            from cosy.align.marks import with_words
+            aligner = Aligner.load(spec.aligner, device=spec.device)
+        except Exception as e:  # reported to the parent, which refuses to start
+            conn.send(("failed", f"--aligner: {type(e).__name__}: {e}"))
+            return
+        engine.synthesize = with_words(engine.synthesize, aligner)
+        engine.synthesize_duplex = with_words(engine.synthesize_duplex, aligner)
     if prepare is not None:
         prepare(engine)
     if spec.max_batch > 1:  # many live requests, their flow/HiFT work scheduled (cosy.speech)
