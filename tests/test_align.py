@@ -278,3 +278,16 @@ def test_fill_words_offsets_into_the_callers_text_and_times_within_the_sentence(
     assert all(b <= e for b, e in times) and all(e0 <= b1 for (_, e0), (b1, _) in zip(times, times[1:]))
     # "2024" has no letters the model knows: it fills the gap between its neighbours
     assert words[4].begin_time == words[3].end_time and words[4].end_time == words[5].begin_time
+
+
+@pytest.mark.parametrize("samples", [0, 100, 2000])  # no audio, less than one frame's receptive field, 4 frames
+def test_fill_words_on_audio_too_short_for_the_letters(tiny_aligner_dir, samples):
+    aligner = Aligner.load(tiny_aligner_dir)
+    text = "Hi there 你好"
+    sentence = SentenceTiming(index=0, text=text, begin_index=0, end_index=len(text), begin_sample=2400,
+                              end_sample=2400 + samples, sample_rate=24000)
+    words = fill_words(aligner, sentence, np.zeros(samples, np.float32))
+    assert [w.text for w in words] == ["Hi", "there", "你", "好"]
+    # the letters do not fit: the words share the sentence's time by length, in order
+    assert words[0].begin_time == sentence.begin_time and words[-1].end_time == sentence.end_time
+    assert all(w0.end_time == w1.begin_time for w0, w1 in zip(words, words[1:]))

@@ -173,11 +173,11 @@ class Aligner:
         """(T, vocab + 1) float32 log-probabilities (the last column: the star, 0) of mono `audio`."""
         from cosy.audio.resample import resample
         wav = torch.as_tensor(np.asarray(audio, dtype=np.float32)).reshape(-1)
+        if self.cfg.num_frames(math.ceil(wav.numel() * self.cfg.sampling_rate / sample_rate)) < 1:
+            return np.zeros((0, len(self.vocab)), dtype=np.float32)  # shorter than one frame's receptive field
         wav = resample(wav, sample_rate, self.cfg.sampling_rate)
         if self.normalize:  # the feature extractor's do_normalize: zero mean, unit variance
             wav = (wav - wav.mean()) / torch.sqrt(wav.var(unbiased=False) + 1e-7)
-        if self.cfg.num_frames(wav.numel()) < 1:
-            return np.zeros((0, len(self.vocab)), dtype=np.float32)
         logits = self.model(wav[None].to(self.device))[0].float()
         lp = torch.log_softmax(logits, dim=-1).cpu().numpy()
         return np.concatenate([lp, np.zeros((lp.shape[0], 1), dtype=np.float32)], axis=1)
