@@ -69,8 +69,10 @@ class WeightNormConv1d(nn.Module):
 
     def __init__(self, channels: int, kernel: int, groups: int):
         super().__init__()
-        self.weight_g = nn.Parameter(torch.ones(1, 1, kernel))
-        self.weight_v = nn.Parameter(torch.empty(channels, channels // groups, kernel))
+        v = torch.empty(channels, channels // groups, kernel)
+        nn.init.normal_(v, std=(2 / (v.shape[1] * kernel)) ** 0.5)  # only a model never loaded uses these
+        self.weight_v = nn.Parameter(v)
+        self.weight_g = nn.Parameter(torch.norm_except_dim(v, 2, 2))  # as weight_norm starts: weight = v
         self.bias = nn.Parameter(torch.zeros(channels))
         self.padding = kernel // 2
         self.groups = groups

@@ -37,9 +37,8 @@ def write(out: Path, size: str, seed: int, atomic_write) -> None:
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         torch.manual_seed(seed)
         model = Wav2Vec2ForCTC(cfg)
-        conv = model.wav2vec2.encoder.pos_conv_embed.conv
-        torch.nn.init.normal_(conv.weight_v, std=(2 / (conv.weight_v.shape[1] * conv.weight_v.shape[2])) ** 0.5)
-        conv.weight_g.copy_(torch.norm_except_dim(conv.weight_v, 2, 2))  # as weight_norm starts: w = v
+        # SpecAugment's mask vector: in the published checkpoint, unused by inference (cosy.align.wav2vec2)
+        state = {**model.state_dict(), "wav2vec2.masked_spec_embed": torch.rand(cfg.hidden_size)}
     from safetensors.torch import save_file
-    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    state = {k: v.contiguous() for k, v in state.items()}
     atomic_write(out / "model.safetensors", lambda p: save_file(state, str(p), metadata={"format": "pt"}))
