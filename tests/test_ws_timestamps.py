@@ -10,10 +10,17 @@ import io
 import json
 import re
 
+import httpx
+import pytest
 import soundfile as sf
 import websockets
-from http_stack import KEY
+from http_stack import KEY, ZS_TEXT, ZS_WAV, _app, _serve
 from test_ws import RATE, action, one_task, run_task, ws_url
+
+from cosy.deploy.data_dir import DataDir
+from cosy.frontend.service import FrontendService
+from cosy.service.workers import EngineSpec, WorkerPool
+from cosy.verify.random_model import write_random_model
 
 # a number and a word cut across continue-task messages; short sentences (the random LM runs each to its
 # max_len); seed 4 as tests/test_duplex_timing.py
@@ -139,3 +146,48 @@ def test_openai_style_session_sends_sentence_events_when_asked(stack):
     samples = len(b"".join(base64.b64decode(e["audio"]) for e in events if e["type"] == "speech.audio.delta")) // 2
     marks = [(e["type"], e["sentence"]) for e in events if e["type"].startswith("speech.sentence.")]
     assert_tiles(marks, samples / RATE, "speech.sentence.begin", "speech.sentence.end")
+
+
+@pytest.fixture(scope="module")
+def aligned(tiny_model_dir, tmp_path_factory):
+    """A frontend started with an aligner (`--aligner`: our builder's random-weight MMS directory)."""
+    aligner = write_random_model(tmp_path_factory.mktemp("aligner"), "tiny", family="mms-aligner")
+    pool = WorkerPool(EngineSpec(str(tiny_model_dir), aligner=str(aligner)), workers=1, max_queue=4).start()
+    service = FrontendService(pool, DataDir(tmp_path_factory.mktemp("data")))
+    server, thread, url = _serve(_app(service, KEY, lambda: (True, "ok")))
+    r = httpx.post(f"{url}/api/v1/audio/reference_audio", files={"file": ("prompt.wav", ZS_WAV.read_bytes())},
+                   data={"text": ZS_TEXT}, headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
+    assert r.status_code == 200, r.text
+    yield url, r.json()["id"]
+    server.should_exit = True
+    thread.join(10)
+    pool.close()
+
+
+def test_dashscope_sdk_receives_word_timings(aligned):
+    """word_timestamp_enabled with an aligner: each sentence-end carries its words as published (offsets
+    within the sentence, times in the audio, inside the sentence's own)."""
+    import dashscope
+    from dashscope.audio.tts_v2 import AudioFormat, ResultCallback, SpeechSynthesizer
+
+    url, ref = aligned
+    events = []
+
+    class Callback(ResultCallback):
+        def on_event(self, message: str) -> None:
+            events.append(json.loads(message))
+
+    dashscope.base_websocket_api_url = url.replace("http://", "ws://") + "/api-ws/v1/inference"
+    dashscope.api_key = KEY
+    synth = SpeechSynthesizer(model="cosyvoice-v2", voice=ref, format=AudioFormat.PCM_24000HZ_MONO_16BIT, seed=4,
+                              callback=Callback(), additional_params={"word_timestamp_enabled": True})
+    for piece in ["The day was go", "od. And we", " went home."]:
+        synth.streaming_call(piece)
+    synth.streaming_complete(complete_timeout_millis=300_000)
+    ends = [e["payload"]["output"] for e in events if e["payload"]["output"]["type"] == "sentence-end"]
+    assert [o["original_text"] for o in ends] == ["The day was good.", "And we went home."]
+    for o in ends:
+        s = o["sentence"]
+        assert [w["text"] for w in s["words"]] == [t.strip(".") for t in o["original_text"].split()]
+        assert all(o["original_text"][w["begin_index"]:w["end_index"]] == w["text"] for w in s["words"])
+        assert all(s["begin_time"] <= w["begin_time"] <= w["end_time"] <= s["end_time"] for w in s["words"])
