@@ -16,7 +16,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-USAGE = "python -m cosy batch MANIFEST --out DIR [--shard i/n] [--in_flight N] [frontend flags]"
+USAGE = ("python -m cosy batch MANIFEST --out DIR [--shard i/n] [--in_flight N] [--subtitles srt|vtt] "
+         "[frontend flags]")
 
 
 def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, argparse.Namespace]:
@@ -40,6 +41,7 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, argparse.Namesp
 
 def build_parser() -> argparse.ArgumentParser:
     """The batch's own flags (the frontend's come after them; the docs' flags reference reads both)."""
+    from cosy.pipeline.subtitles import FORMATS as SUBTITLE_FORMATS
     p = argparse.ArgumentParser(prog="python -m cosy batch", usage=USAGE, description=__doc__.split("\n\n")[0])
     p.add_argument("manifest", type=Path, help="JSON Lines, one utterance a line (docs: Batch synthesis)")
     p.add_argument("--out", type=Path, required=True, help="folder for the audio files (ID.FORMAT) and results")
@@ -50,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "full, one more waiting each)")
     p.add_argument("--retries", type=int, default=3, help="tries again after busy or unavailable (default 3)")
     p.add_argument("--sample_rate", type=int, default=24000, help="lines' default output rate (default 24000)")
+    p.add_argument("--subtitles", choices=SUBTITLE_FORMATS, default=None,
+                   help="a subtitle file ID.srt or ID.vtt beside each line's audio, for the lines without their "
+                        "own `subtitles` field (default: only those that ask)")
     p.add_argument("--progress", choices=("auto", "bar", "log"), default="auto",
                    help="a progress bar (on a terminal, the default) or a log line every 10 s")
     return p
@@ -94,7 +99,7 @@ def _run(args: argparse.Namespace, fe: argparse.Namespace) -> int:
     from cosy.errors import CosyError
     from cosy.frontend.server import build_service, readiness, say
     try:
-        entries = read_manifest(args.manifest, args.shard, args.sample_rate)
+        entries = read_manifest(args.manifest, args.shard, args.sample_rate, args.subtitles)
     except OSError as e:
         print(f"error: cannot read manifest {args.manifest}: {e.strerror or e}", file=sys.stderr)
         return 2

@@ -6,10 +6,12 @@
     {"id": "u004", "text": "...", "prompt_wav": "bob.wav", "format": "mp3", "sample_rate": 16000, "speed": 1.1}
     {"id": "u005", "text": "<speak>你好<break time=\"300ms\"/>再见</speak>", "voice_id": "alice", "ssml": true}
     {"id": "u006", "text": "去重庆", "voice_id": "alice", "hot_fix": {"pronunciation": [{"重庆": "chong2 qing4"}]}}
+    {"id": "u007", "text": "你好。明天见！", "voice_id": "alice", "subtitles": "srt"}
 
 `mode` defaults to `voice` with a `voice_id`, else `zero_shot` with a `prompt_text`, else `cross_lingual`.
-Relative `prompt_wav` paths are read from the manifest's folder. A line is assigned to a shard by its number
-(line k, counting from 0, goes to shard k % n), so shards split the manifest however its lines look. Any
+Relative `prompt_wav` paths are read from the manifest's folder. `subtitles` ("srt" | "vtt"; default the
+batch's `--subtitles`, else none) asks for a subtitle file beside the audio. A line is assigned to a shard by
+its number (line k, counting from 0, goes to shard k % n), so shards split the manifest however its lines look. Any
 line, however malformed (not UTF-8, not JSON, nested too deeply, huge numbers, a format its rate cannot be
 encoded in), is a `BadLine` with the reason; a good line carries a digest of what it asks for, so a result
 recorded for an earlier version of the line is done again.
@@ -34,12 +36,13 @@ from cosy.pipeline.request import (
     SynthesisRequest,
     check_range,
 )
+from cosy.pipeline.subtitles import FORMATS as SUBTITLE_FORMATS
 from cosy.text.lexicon import parse_hot_fix
 
 # ids become file names: 1-128 of [A-Za-z0-9_.-], starting with a letter or digit
 ITEM_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 FIELDS = ("id", "text", "mode", "voice_id", "prompt_wav", "prompt_text", "instruct_text", "speed", "seed",
-          "format", "sample_rate", "ssml", "hot_fix")
+          "format", "sample_rate", "ssml", "hot_fix", "subtitles")
 MAX_LINE_BYTES = 1 << 20  # a line holds at most 20,000 characters of text and a few short fields
 SHOWN = 100  # characters of a value a message quotes
 
@@ -61,10 +64,15 @@ class BatchItem:
     format: str = "wav"
     sample_rate: int = 24000
     digest: str = ""
+    subtitles: str | None = None  # "srt" | "vtt": a subtitle file beside the audio
 
     @property
     def file_name(self) -> str:
         return f"{self.id}.{self.format}"
+
+    @property
+    def subtitle_name(self) -> str | None:
+        return f"{self.id}.{self.subtitles}" if self.subtitles else None
 
     @property
     def key(self) -> str:
@@ -117,10 +125,11 @@ def file_digest(path: Path, cache: dict | None = None) -> str:
 
 
 def parse_line(raw: str | bytes, number: int, base: Path, default_rate: int,
-               prompts: dict | None = None) -> BatchItem | BadLine:
+               prompts: dict | None = None, subtitles: str | None = None) -> BatchItem | BadLine:
     """One manifest line (`number`: 1-based); paths relative to `base`; `prompts`: the prompt files' digests
-    by file, shared by the lines of one manifest. Checks what can be checked without the model (fields,
-    types, ranges, files exist, the output format at its rate); the rest (voices, the LM budget) fails at
+    by file, shared by the lines of one manifest; `subtitles`: the format of lines without their own. Checks
+    what can be checked without the model (fields, types, ranges, files exist, the output format at its rate,
+    the subtitle format); the rest (voices, the LM budget) fails at
     synthesis. Whatever the line holds, the answer is an item or a BadLine that says why."""
     if isinstance(raw, bytes):
         try:
@@ -144,12 +153,13 @@ def parse_line(raw: str | bytes, number: int, base: Path, default_rate: int,
         return BadLine(None, number, f"line {number}: id {shown(item_id)} is missing or invalid: use 1-128 "
                                      "letters, digits, '_', '-' or '.', starting with a letter or digit")
     try:
-        return _item(obj, item_id, number, base, default_rate, prompts)
+        return _item(obj, item_id, number, base, default_rate, prompts, subtitles)
     except BadRequest as e:  # SynthesisError, SsmlError (with the line and column in the text)
         return BadLine(item_id, number, str(e))
 
 
-def _item(obj: dict, item_id: str, number: int, base: Path, default_rate: int, prompts: dict | None) -> BatchItem:
+def _item(obj: dict, item_id: str, number: int, base: Path, default_rate: int, prompts: dict | None,
+          default_subtitles: str | None = None) -> BatchItem:
     unknown = sorted(set(obj) - set(FIELDS))
     if unknown:
         names = ", ".join(shown(u)[1:-1] for u in unknown[:5])
@@ -186,6 +196,10 @@ def _item(obj: dict, item_id: str, number: int, base: Path, default_rate: int, p
     if problem:
         raise SynthesisError(problem + ("" if obj.get("sample_rate") is not None else
                                         " (the rate is --sample_rate's: give the line a sample_rate)"))
+    subtitles = default_subtitles if obj.get("subtitles") is None else obj["subtitles"]
+    if subtitles is not None and subtitles not in SUBTITLE_FORMATS:
+        raise SynthesisError(f"subtitles {shown(subtitles)} is not a subtitle format: use one of "
+                             f"{', '.join(SUBTITLE_FORMATS)}, or leave the field out for none")
     speed = 1.0 if obj.get("speed") is None else check_range(obj["speed"], "speed", 0.0, 1e9)
     ssml = obj.get("ssml", False)
     if not isinstance(ssml, bool):
@@ -202,14 +216,17 @@ def _item(obj: dict, item_id: str, number: int, base: Path, default_rate: int, p
              "format": fmt, "sample_rate": rate}
     if req.hot_fix:  # (a line without one keeps the digest it had before the field existed)
         asked["hot_fix"] = [e.to_dict() for e in req.hot_fix]
+    if subtitles:  # (as hot_fix) a line asking for subtitles is redone; its record holds the sentences
+        asked["subtitles"] = subtitles
     digest = hashlib.sha256(json.dumps(asked, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:16]
-    return BatchItem(item_id, number, req, fmt, rate, digest)
+    return BatchItem(item_id, number, req, fmt, rate, digest, subtitles)
 
 
-def read_manifest(path: Path, shard: tuple[int, int] = (0, 1), default_rate: int = 24000
-                  ) -> list[BatchItem | BadLine]:
+def read_manifest(path: Path, shard: tuple[int, int] = (0, 1), default_rate: int = 24000,
+                  subtitles: str | None = None) -> list[BatchItem | BadLine]:
     """This shard's lines of `path`, in order (blank lines skipped, still counted); a repeated id is a
-    BadLine naming the line that has it first. Any line, however malformed, is an entry."""
+    BadLine naming the line that has it first; `subtitles`: the format of lines without their own. Any line,
+    however malformed, is an entry."""
     index, count = shard
     out: list[BatchItem | BadLine] = []
     first: dict[str, int] = {}
@@ -221,7 +238,7 @@ def read_manifest(path: Path, shard: tuple[int, int] = (0, 1), default_rate: int
         elif not raw.strip():
             continue
         else:
-            entry = parse_line(raw, k + 1, path.parent, default_rate, prompts)
+            entry = parse_line(raw, k + 1, path.parent, default_rate, prompts, subtitles)
         if entry.id is not None:
             if entry.id in first:
                 entry = BadLine(None, k + 1, f"line {k + 1}: id {entry.id!r} repeats line {first[entry.id]}")

@@ -2,12 +2,15 @@
 
 The results file is JSON Lines, one record per line of the current manifest: `id`, `line`, `status` ("ok" |
 "failed"), `seconds` (of audio), `file`, `error`, `request` (a digest of what the line asked for,
-`BatchItem.digest`). While a run goes on, each finished line is appended and flushed to disk at once; at the
-start and the end of a run the file is rewritten (atomically) with the last record of each line of the
-manifest as it is now (the records of lines since removed or fixed go), so a killed run loses at most the
-line being appended. An audio file appears under its final name only when whole and recorded: it is written
-as `.ID.FORMAT.part`, its record appended, then it is renamed; a part left by a killed run is removed when its
-line comes up again. A line recorded ok for another request (an edited line) is done again.
+`BatchItem.digest`), and for a line that asks for subtitles `subtitles` (the subtitle file's name) and
+`sentences` (`SentenceTiming.to_dict()` of each, which the file's cues show). While a run goes on, each
+finished line is appended and flushed to disk at once; at the start and the end of a run the file is
+rewritten (atomically) with the last record of each line of the manifest as it is now (the records of lines
+since removed or fixed go), so a killed run loses at most the line being appended. An audio file appears
+under its final name only when whole and recorded: it is written as `.ID.FORMAT.part`, its subtitle file
+(if asked) written whole under its final name, its record appended, then the audio renamed, so a finished
+line has both; a part left by a killed run is removed when its line comes up again. A line recorded ok for
+another request (an edited line) is done again.
 """
 from __future__ import annotations
 
@@ -15,13 +18,15 @@ import json
 import os
 import tempfile
 import threading
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import soundfile as sf
 
 from cosy.batch.manifest import BatchItem, record_key
+from cosy.pipeline.subtitles import subtitles
+from cosy.pipeline.timing import SentenceTiming
 
 PART = ".part"
 STATUSES = ("ok", "failed")
@@ -36,6 +41,9 @@ class Result:
     file: str | None = None
     error: str | None = None
     request: str | None = None  # the line's request digest (None in records of older versions: trusted)
+    # only for a line that asks for subtitles (left out of the record otherwise, so other records keep their shape)
+    subtitles: str | None = None  # the subtitle file's name
+    sentences: list[dict] | None = None  # SentenceTiming.to_dict() of each, in order
 
     @property
     def key(self) -> str:
@@ -53,8 +61,18 @@ class Result:
             return None
         ok = (r is not None and isinstance(r.id, (str, type(None))) and type(r.line) is int
               and r.status in STATUSES and isinstance(r.seconds, (int, float)) and not isinstance(r.seconds, bool)
-              and all(isinstance(v, (str, type(None))) for v in (r.file, r.error, r.request)))
+              and all(isinstance(v, (str, type(None))) for v in (r.file, r.error, r.request, r.subtitles))
+              and (r.sentences is None or isinstance(r.sentences, list)
+                   and all(isinstance(s, dict) for s in r.sentences)))
         return r if ok else None
+
+    def to_json(self) -> str:
+        """One line of the results file (`subtitles` and `sentences` only where the line asked for subtitles)."""
+        obj = asdict(self)
+        for name in ("subtitles", "sentences"):
+            if obj[name] is None:
+                del obj[name]
+        return json.dumps(obj, ensure_ascii=False)
 
 
 class Results:
@@ -85,20 +103,26 @@ class Results:
         return self
 
     def state(self, item: BatchItem) -> str:
-        """"done": recorded ok for this very request with its file there, or its file there and no record
-        (the results file was lost: the file is whole, so it is recorded now); "changed": recorded ok for
-        another request (the line was edited since: its old file goes, the line is done again); "todo"."""
+        """"done": recorded ok for this very request with its files there, or its audio there and no record
+        (the results file was lost: the file is whole, so it is recorded now; unless the line asks for
+        subtitles, whose sentences went with the record); "changed": recorded ok for another request (the
+        line was edited since: its old files go, the line is done again); "todo"."""
         audio = self.dir / item.file_name
-        self.part_path(item.file_name).unlink(missing_ok=True)  # a killed run's (only this shard touches its ids)
+        for name in (item.file_name, item.subtitle_name):  # a killed run's (only this shard touches its ids)
+            if name:
+                self.part_path(name).unlink(missing_ok=True)
         r = self.records.get(item.id)
         if r is not None and r.status == "ok" and r.request is not None and r.request != item.digest:
-            if r.file and r.file.rsplit(".", 1)[0] == item.id:  # ours: ID.FORMAT, named by this line's id
-                (self.dir / r.file).unlink(missing_ok=True)
+            for name in (r.file, r.subtitles):
+                if name and name.rsplit(".", 1)[0] == item.id:  # ours: ID.FORMAT, named by this line's id
+                    (self.dir / name).unlink(missing_ok=True)
             return "changed"
-        if r is not None and r.status == "ok" and r.file == item.file_name and audio.exists():
+        subtitled = item.subtitles is None or (r is not None and r.subtitles == item.subtitle_name
+                                               and (self.dir / item.subtitle_name).exists())
+        if r is not None and r.status == "ok" and r.file == item.file_name and audio.exists() and subtitled:
             return "done"
-        if r is not None or not audio.exists():
-            return "todo"  # failed before, or recorded but its file is gone (deleted): make it again
+        if r is not None or not audio.exists() or item.subtitles:
+            return "todo"  # failed before, or recorded but a file is gone (deleted): make it again
         try:
             seconds = sf.info(str(audio)).duration
         except (RuntimeError, sf.LibsndfileError):
@@ -109,26 +133,33 @@ class Results:
     def part_path(self, file_name: str) -> Path:
         return self.dir / f".{file_name}{PART}"
 
-    def write(self, item: BatchItem, data: bytes, seconds: float) -> None:
-        """The line's audio, whole or not at all: the part written and synced, its record appended, then
-        renamed into place (atomic on one filesystem). OSError (a full disk ...) leaves no part behind."""
-        part = self.part_path(item.file_name)
+    def write(self, item: BatchItem, data: bytes, seconds: float, sentences: Sequence[SentenceTiming] = ()) -> None:
+        """The line's audio, whole or not at all: the part written and synced, its subtitle file (if the line
+        asks for one: from `sentences`) written whole in place, its record appended, then the audio renamed
+        into place (atomic on one filesystem), so a line whose audio is there has its subtitles too. OSError
+        (a full disk ...) leaves no part behind."""
+        parts = [self.part_path(item.file_name)]
         try:
-            with open(part, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            self.add(Result(item.id, item.line, "ok", round(seconds, 3), item.file_name, request=item.digest))
-            os.replace(part, self.dir / item.file_name)
+            _write_synced(parts[0], data)
+            timings = None
+            if item.subtitles:
+                parts.append(self.part_path(item.subtitle_name))
+                _write_synced(parts[1], subtitles(sentences, item.subtitles).encode("utf-8"))
+                os.replace(parts[1], self.dir / item.subtitle_name)
+                timings = [s.to_dict() for s in sentences]
+            self.add(Result(item.id, item.line, "ok", round(seconds, 3), item.file_name, request=item.digest,
+                            subtitles=item.subtitle_name, sentences=timings))
+            os.replace(parts[0], self.dir / item.file_name)
         except BaseException:
-            part.unlink(missing_ok=True)
+            for part in parts:
+                part.unlink(missing_ok=True)
             raise
 
     def add(self, result: Result) -> None:
         with self._lock:
             self.records[result.key] = result
             if self._file is not None:
-                self._file.write(json.dumps(asdict(result), ensure_ascii=False) + "\n")
+                self._file.write(result.to_json() + "\n")
                 self._file.flush()
                 os.fsync(self._file.fileno())
 
@@ -150,10 +181,17 @@ class Results:
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 for r in records:
-                    f.write(json.dumps(asdict(r), ensure_ascii=False) + "\n")
+                    f.write(r.to_json() + "\n")
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, self.path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+
+
+def _write_synced(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())

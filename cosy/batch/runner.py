@@ -29,6 +29,7 @@ from cosy.frontend.audio_out import OutputAudio
 from cosy.frontend.encoding import make_encoder
 from cosy.frontend.service import FrontendService
 from cosy.pipeline.request import SynthesisError, SynthesisRequest
+from cosy.pipeline.timing import SentenceTiming
 from cosy.prompt.encoder import PromptFeatures
 
 POLL = 0.2  # s: how often an idle thread looks at the queue and the stop flag
@@ -182,7 +183,7 @@ class BatchRunner:
 
     def _line(self, item: BatchItem, progress: Progress) -> None:
         try:
-            data, seconds = self._make(item)
+            data, seconds, sentences = self._make(item)
         except CosyError as e:
             if self._stop.is_set() and (isinstance(e, Cancelled) or transient(e)):
                 return  # stopped (the pool may be shutting down): the line is left for the next run
@@ -196,7 +197,7 @@ class BatchRunner:
             self._failed(item, f"internal error: {type(e).__name__}: {e}", progress)
             return
         try:
-            self.results.write(item, data, seconds)
+            self.results.write(item, data, seconds, sentences)
         except OSError as e:  # the output folder: full, read-only, gone; every later line would fail too
             self.stop(f"cannot write {self.results.dir}: {e}")
             return
@@ -236,8 +237,9 @@ class BatchRunner:
         with self._cancel() as cancel:
             return replace(req, voice=self._prompts.features(Path(req.prompt_wav), cancel), prompt_wav=None)
 
-    def _make(self, item: BatchItem) -> tuple[bytes, float]:
-        """Synthesize one line (cancelled by `stop`): its file's bytes and the audio's duration in seconds."""
+    def _make(self, item: BatchItem) -> tuple[bytes, float, list[SentenceTiming]]:
+        """Synthesize one line (cancelled by `stop`): its file's bytes, the audio's duration in seconds and
+        its sentences' timings (ms, which the output rate does not change)."""
         for attempt in range(self.retries + 1):
             try:
                 req = self._request(item.request)
@@ -258,4 +260,4 @@ class BatchRunner:
             data = enc.encode(audio) + enc.encode(out.finish()) + enc.finish()
         finally:
             enc.close()
-        return data, len(result.audio) / result.sample_rate
+        return data, len(result.audio) / result.sample_rate, result.sentences

@@ -16,7 +16,7 @@ import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -26,6 +26,7 @@ from cosy.frontend.encoding import make_encoder
 from cosy.frontend.reference_audio import ReferenceAudios
 from cosy.frontend.service import FrontendService
 from cosy.pipeline.request import SynthesisRequest
+from cosy.pipeline.timing import SentenceMark
 
 
 @dataclass
@@ -53,6 +54,9 @@ class Piece:
     elapsed: float  # since the request was received
     last: bool = False  # the encoder's tail; nothing follows
     taken: str = ""  # duplex: the normalized text the LM took since the previous piece
+    # sentences that began or ended since the previous piece (before this piece's audio; an "end" after the
+    # sentence's last audio, which may sit in an earlier piece): `FrontendService.stream`'s on_sentence
+    marks: list[SentenceMark] = field(default_factory=list)
 
 
 def _pieces(service: FrontendService, refs: ReferenceAudios, req: SpeechRequest,
@@ -64,8 +68,9 @@ def _pieces(service: FrontendService, refs: ReferenceAudios, req: SpeechRequest,
     try:
         refs.get(req.synthesis.voice_id)  # 400/404 in the API's words
         taken: list[str] = []  # filled by the chunk reader (this thread), emptied into each piece
+        marks: list[SentenceMark] = []  # likewise
         chunks = service.stream(req.synthesis, req.surface, received, cancelled, text,
-                                taken.append if text is not None else None)
+                                taken.append if text is not None else None, on_sentence=marks.append)
         out = OutputAudio(service.sample_rate, req.sample_rate, req.volume)
         hold, held = max(1, round(HOLD_SECONDS * req.sample_rate)), np.zeros(0, np.float32)
         try:
@@ -76,15 +81,17 @@ def _pieces(service: FrontendService, refs: ReferenceAudios, req: SpeechRequest,
                 cut = max(0, len(audio) - hold)
                 audio, held = audio[:cut], audio[cut:]
                 data = encoder.encode(audio)
-                yield Piece(data, len(audio) / req.sample_rate, now - t, now - received, taken="".join(taken))
+                yield Piece(data, len(audio) / req.sample_rate, now - t, now - received, taken="".join(taken),
+                            marks=marks[:])
                 taken.clear()
+                marks.clear()
                 t = time.monotonic()
         finally:
             chunks.close()  # cancels the job if we stopped early
         audio = np.concatenate([held, out.finish()])
         tail = encoder.encode(audio) + encoder.finish()
         yield Piece(tail, len(audio) / req.sample_rate, 0.0, time.monotonic() - received, last=True,
-                    taken="".join(taken))
+                    taken="".join(taken), marks=marks[:])
     finally:
         encoder.close()
 

@@ -4,12 +4,18 @@ streams out, with the fields of `POST /v1/audio/speech` (`cosy.frontend.openai_a
 Client -> server (JSON text messages):
     {"type": "session.config", "voice": "<reference audio / saved voice id>", "instructions": "",
      "response_format": "mp3" | "opus" | "aac" | "flac" | "wav" | "pcm", "speed": 1.0, "seed": null,
-     "enable_ssml": false, "priority": null (interactive; default or bulk for work that can wait)}
+     "enable_ssml": false, "priority": null (interactive; default or bulk for work that can wait),
+     "sentence_timestamp_enabled": false, "word_timestamp_enabled": false (timings, as on POST /v1/audio/speech)}
     {"type": "input.text", "delta": "<more text>"}          any number (with enable_ssml: one, the whole document)
     {"type": "input.done"}                                   (a repeated one is ignored)
 Server -> client:
     {"type": "session.created", "session_id", "voice", "response_format", "sample_rate"}
     {"type": "speech.audio.delta", "session_id", "audio": "<base64 of the next bytes of the file>"}
+    {"type": "speech.sentence.begin" | "speech.sentence.end", "session_id", "sentence": {index, text, begin_time,
+     end_time (ms; null in a begin), begin_index, end_index (offsets into the input.text deltas joined, end
+     exclusive), words (with word_timestamp_enabled)}}  only when timings were asked: a begin before the delta
+     holding the sentence's first audio, an end after the one holding its last (OpenAI publishes no timing
+     events; the names are those of the HTTP route's SSE, `cosy.frontend.openai_api`)
     {"type": "speech.audio.done", "session_id", "usage": {"input_tokens" (characters), "output_tokens" (speech
      tokens at 25 Hz), "total_tokens"}}
     {"type": "error", "session_id", "error": {"code", "message"}}
@@ -24,17 +30,18 @@ import json
 import uuid
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from cosy.errors import echo
 from cosy.frontend.encoding import FORMATS
 from cosy.frontend.speech_stream import SpeechRequest
-from cosy.frontend.ws_params import Dialect, TaskParams, _validated
+from cosy.frontend.ws_params import Dialect, TaskParams, TimestampParameters, _validated
 from cosy.frontend.ws_tasks import Task, TaskFailed, TaskSession
 from cosy.pipeline.request import PRIORITIES, SEED_RANGE, SPEED_RANGE, SynthesisRequest
+from cosy.pipeline.timing import SentenceMark
 
 
-class SessionConfig(BaseModel):
+class SessionConfig(TimestampParameters):
     model_config = ConfigDict(extra="ignore")
     voice: str = Field(min_length=1)
     instructions: str = ""
@@ -57,9 +64,9 @@ class OpenAIDialect(Dialect):
         speed = min(max(c.speed, SPEED_RANGE[0]), SPEED_RANGE[1])
         synthesis = SynthesisRequest(mode="instruct" if instruct else "voice", voice_id=c.voice,
                                      instruct_text=instruct, speed=speed, seed=c.seed, stream=True, duplex=True,
-                                     priority=c.priority)
+                                     priority=c.priority, word_timestamps=bool(c.timestamps()))
         speech = SpeechRequest(synthesis, "openai", fmt=c.response_format, sample_rate=self.sample_rate)
-        return TaskParams(speech, False, c.enable_ssml)
+        return TaskParams(speech, False, c.enable_ssml, timestamps=c.timestamps())
 
 
 class OpenAISession(TaskSession):
@@ -108,6 +115,13 @@ class OpenAISession(TaskSession):
         await self.send(json.dumps({"type": "speech.audio.delta", "session_id": task.id,
                                     "audio": base64.b64encode(data).decode("ascii")}))
 
+    def mark_event(self, task: Task, mark: SentenceMark) -> str | None:
+        words = task.params.timestamps
+        if words is None:
+            return None
+        return json.dumps({"type": f"speech.sentence.{mark.kind}", "session_id": task.id,
+                           "sentence": mark.sentence.to_dict(words)}, ensure_ascii=False)
+
     async def finished(self, task: Task) -> None:
         out = round(task.seconds * self.service.family.token_frame_rate)
         await self.send(json.dumps({"type": "speech.audio.done", "session_id": task.id,
@@ -121,7 +135,8 @@ class OpenAISession(TaskSession):
 
 # the session's messages (the docs' reference lists them from here)
 CLIENT_TYPES = ("session.config", "input.text", "input.done")
-SERVER_TYPES = ("session.created", "speech.audio.delta", "speech.audio.done", "error")
+SERVER_TYPES = ("session.created", "speech.audio.delta", "speech.sentence.begin", "speech.sentence.end",
+                "speech.audio.done", "error")
 
 # the task protocol's codes in OpenAI's snake_case
 _CODES = {"InvalidParameter": "invalid_parameter", "InvalidMessage": "invalid_message", "InvalidTask": "no_session",

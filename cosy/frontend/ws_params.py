@@ -12,6 +12,9 @@ spoken with its stored transcript, PAI's fast_replication), format (mp3), sample
 fixes, `cosy.text.lexicon.parse_hot_fix`); audio always as binary frames.
 Other keys (pitch, text_type, type, bit_rate) are ignored; format "Default" and sample_rate 0 (the SDK's
 AudioFormat.DEFAULT) mean mp3 at 22050 Hz.
+Both: `word_timestamp_enabled` (the managed CosyVoice WebSocket's name: sentence timings with each sentence's
+words, which need the frontend's --aligner) and `sentence_timestamp_enabled` (the sentence timings alone; the
+managed service publishes no sentence switch: the name follows DashScope's `*_timestamp_enabled`).
 """
 from __future__ import annotations
 
@@ -36,16 +39,31 @@ class TaskParams:
     # DashScope: its SDK's call() sets enable_ssml on every call, plain text included: text that is not
     # <speak>...</speak> is then spoken as plain text (elsewhere enable_ssml with plain text is a 400)
     plain_ok: bool = False
+    # sentence timings asked for (sentence_timestamp_enabled or word_timestamp_enabled): None not asked, else
+    # whether each sentence carries its words (`cosy.frontend.ws_tasks`: the sentence events)
+    timestamps: bool | None = None
 
 
-class PaiTaskParameters(PaiOptions):
+class TimestampParameters(BaseModel):
+    """The timing switches of both task dialects (docs/api/timestamps.md)."""
+
+    sentence_timestamp_enabled: bool | None = None  # an extension: each sentence's timings
+    word_timestamp_enabled: bool | None = None  # the managed service's name: with each sentence's words
+
+    def timestamps(self) -> bool | None:
+        if not (self.sentence_timestamp_enabled or self.word_timestamp_enabled):
+            return None
+        return bool(self.word_timestamp_enabled)
+
+
+class PaiTaskParameters(TimestampParameters, PaiOptions):
     mode: Literal["fast_replication", "cross_lingual_replication", "natural_language_replication"]
     reference_audio_id: str = Field(min_length=1)
     instruct: str = ""
     binary_audio: bool = False
 
 
-class DashScopeParameters(BaseModel):
+class DashScopeParameters(TimestampParameters):
     model_config = ConfigDict(extra="ignore")
     voice: str = Field(min_length=1)
     format: Literal[FORMATS + ("Default", "default")] = "mp3"  # the SDK's AudioFormat.DEFAULT sends "Default"
@@ -81,11 +99,12 @@ class Dialect:
             raise BadRequest("parameters.instruct is required for natural_language_replication")
         synthesis = SynthesisRequest(mode=mode, voice_id=p.reference_audio_id, instruct_text=p.instruct,
                                      speed=p.speed or 1.0, seed=p.seed, stream=True, duplex=True,
-                                     priority=p.priority, hot_fix=parse_hot_fix(p.hot_fix, "parameters.hot_fix"))
+                                     priority=p.priority, hot_fix=parse_hot_fix(p.hot_fix, "parameters.hot_fix"),
+                                     word_timestamps=bool(p.timestamps()))
         speech = SpeechRequest(synthesis, "pai", fmt=p.output_format or "wav", sample_rate=p.sample_rate or 24000,
                                bit_rate=parse_bit_rate(p.bit_rate or DEFAULT_BIT_RATE),
                                volume=1.0 if p.volume is None else p.volume)
-        return TaskParams(speech, p.binary_audio, bool(p.enable_ssml))
+        return TaskParams(speech, p.binary_audio, bool(p.enable_ssml), timestamps=p.timestamps())
 
 
 class DashScopeDialect(Dialect):
@@ -101,9 +120,11 @@ class DashScopeDialect(Dialect):
                              f"{SAMPLE_RATE_RANGE[1]})")
         synthesis = SynthesisRequest(mode="voice", voice_id=p.voice, speed=p.rate, seed=p.seed, stream=True,
                                      duplex=True, priority=p.priority,
-                                     hot_fix=parse_hot_fix(p.hot_fix, "parameters.hot_fix"))
+                                     hot_fix=parse_hot_fix(p.hot_fix, "parameters.hot_fix"),
+                                     word_timestamps=bool(p.timestamps()))
         return TaskParams(SpeechRequest(synthesis, "pai", fmt=fmt, sample_rate=rate,
-                                        volume=p.volume / 50), True, p.enable_ssml, plain_ok=True)
+                                        volume=p.volume / 50), True, p.enable_ssml, plain_ok=True,
+                          timestamps=p.timestamps())
 
 
 __all__ = ["DashScopeDialect", "Dialect", "TaskParams"]

@@ -16,8 +16,16 @@ connection with 1009, message too big, past it); a task's text at most MAX_TEXT_
 before anything else reads it; an SSML document is parsed off the event loop. A client that disconnects
 cancels its task (the LM request is aborted, the worker slot freed). The dialects differ in how parameters
 are read (`cosy.frontend.ws_params`) and in DashScope's sentence events: result-generated sentence-begin /
-sentence-synthesis (before each audio frame) / sentence-end, following the normalized sentences as the LM
-reads them (`cosy.text.stream.Sentences`).
+sentence-synthesis (before each audio frame) / sentence-end, one per sentence the pipeline speaks on its own
+(the engine's marks, `cosy.pipeline.timing`: an end carries its original_text, the caller's own, and
+usage.characters, the caller's characters through it). With sentence_timestamp_enabled or
+word_timestamp_enabled the sentence objects also carry text, begin_time, end_time (ms in the audio sent;
+null in a begin), begin_index, end_index (offsets into the task's text: its continue-task pieces joined as
+sent, end exclusive) and, with words, DashScope's words [{text, begin_index, end_index (within the
+sentence, as published), begin_time, end_time}]; the PAI dialect then sends the same marks as
+result-generated events without audio, {"output": {"type": "sentence-begin" | "sentence-end", "sentence":
+{...}}}, its words' offsets into the task's text. A sentence's begin goes before the audio that holds its
+first sample and its end after its last (the encoder may hold a few ms of one piece's audio into the next).
 """
 from __future__ import annotations
 
@@ -40,8 +48,8 @@ from cosy.frontend.service import FrontendService
 from cosy.frontend.speech_stream import Piece, _in_thread, _pieces
 from cosy.frontend.ws_params import Dialect, TaskParams
 from cosy.pipeline.request import MAX_TEXT_CHARS, SynthesisRequest
+from cosy.pipeline.timing import SentenceMark
 from cosy.text.ssml import looks_like_ssml
-from cosy.text.stream import Mark, Sentences
 
 log = logging.getLogger(__name__)
 IDLE_TIMEOUT = 60.0  # seconds without a client message while a task runs (or before the first task)
@@ -81,7 +89,7 @@ class Task:
         self.finished = False  # finish-task seen
         self.seconds = 0.0  # audio sent
         self.sender: asyncio.Task | None = None
-        self.sentences = Sentences()  # the sentences the LM took (DashScope's sentence events)
+        self.sentence = 0  # the index of the sentence being spoken (DashScope's sentence-synthesis)
 
 
 class TaskSession:
@@ -250,21 +258,39 @@ class TaskSession:
     async def started(self, task: Task) -> None:
         await self.send(event("task-started", task.id))
 
-    async def sentence_marks(self, task: Task, marks: list[Mark]) -> None:
-        """DashScope's sentence-begin / sentence-end events (result-generated without audio)."""
-        if not self.dialect.sentence_events:
-            return
+    async def sentence_marks(self, task: Task, marks: list[SentenceMark]) -> None:
+        """The sentence events of `marks`, in order (`mark_event`)."""
         for m in marks:
-            output = {"sentence": {"index": m.index, "words": []}, "type": f"sentence-{m.kind}"}
-            payload = {"output": output}
-            if m.kind == "end":
-                output["original_text"] = m.text
-                payload["usage"] = {"characters": m.characters}
-            await self.send(event("result-generated", task.id, payload))
+            if m.kind == "begin":
+                task.sentence = m.sentence.index
+            if (text := self.mark_event(task, m)) is not None:
+                await self.send(text)
+
+    def mark_event(self, task: Task, mark: SentenceMark) -> str | None:
+        """DashScope: sentence-begin / sentence-end (result-generated without audio), timings when asked;
+        PAI: the same events only when timings were asked, the sentence in our shape (module docstring)."""
+        words, s = task.params.timestamps, mark.sentence
+        if not self.dialect.sentence_events:
+            if words is None:
+                return None
+            return event("result-generated", task.id, {"output": {"type": f"sentence-{mark.kind}",
+                                                                  "sentence": s.to_dict(words)}})
+        sentence = {"index": s.index, "words": []}
+        if words is not None:
+            sentence = {**s.to_dict(), "words": [{"text": w.text, "begin_index": w.begin_index - s.begin_index,
+                                                  "end_index": w.end_index - s.begin_index,
+                                                  "begin_time": w.begin_time, "end_time": w.end_time}
+                                                 for w in s.words] if words else []}
+        output = {"sentence": sentence, "type": f"sentence-{mark.kind}"}
+        payload = {"output": output}
+        if mark.kind == "end":
+            output["original_text"] = s.text
+            payload["usage"] = {"characters": s.end_index}
+        return event("result-generated", task.id, payload)
 
     async def audio(self, task: Task, data: bytes, metrics: dict) -> None:
-        if self.dialect.sentence_events:  # DashScope: the event, then its frame; the last sentence begun
-            output = {"sentence": {"index": max(task.sentences.index, 0), "words": []}, "type": "sentence-synthesis"}
+        if self.dialect.sentence_events:  # DashScope: the event, then its frame; the sentence being spoken
+            output = {"sentence": {"index": task.sentence, "words": []}, "type": "sentence-synthesis"}
             await self.send(event("result-generated", task.id, {"output": output, "metrics": metrics}))
             await self.send(data=data)
         elif task.params.binary:
@@ -283,18 +309,23 @@ class TaskSession:
         pieces = _in_thread(lambda stop: _ssml_pieces(self.service, self.refs, p, received, stop, task.text)
                             if p.ssml else _pieces(self.service, self.refs, p.speech, received, stop, task.text))
         seconds = wait = 0.0
+        marks: list[SentenceMark] = []
         try:
             async for piece in pieces:
-                await self.sentence_marks(task, task.sentences.take(piece.taken))
+                marks += piece.marks
                 seconds, wait = seconds + piece.seconds, wait + piece.generate_time
                 if not piece.data and not piece.last:
                     continue  # the codec is still filling a frame: merged into the next event
+                # the ends after the last begin close sentences whose last audio is (partly) in this piece
+                cut = max((k + 1 for k, m in enumerate(marks) if m.kind == "begin"), default=0)
+                await self.sentence_marks(task, marks[:cut])
                 if piece.data or seconds > 0:
                     metrics = {"speech_len": round(seconds, 4), "server_cost_time": round(piece.elapsed, 4),
                                "generate_time": round(wait, 4)}
                     await self.audio(task, piece.data, metrics)
                     seconds = wait = 0.0
-            await self.sentence_marks(task, task.sentences.finish())
+                await self.sentence_marks(task, marks[cut:])
+                marks = []
             await self.finished(task)
         except CosyError as e:
             with suppress(Exception):

@@ -35,6 +35,7 @@ from cosy.model.families.cosyvoice2 import FAMILY as COSYVOICE2
 from cosy.model.family import ModelFamily, import_object
 from cosy.model.files import ModelDir
 from cosy.model.precision import resolve_dtype, set_tf32
+from cosy.pipeline.duplex_marks import CallerText, DuplexMarks, Segment
 from cosy.pipeline.lm_input import LMInput, fit_context, lm_input, lm_prompt
 from cosy.pipeline.request import (
     EMBEDDED_LM_MAX_LEN,
@@ -47,13 +48,12 @@ from cosy.pipeline.token2wav import FlowPrompt, Token2Wav, load_token2wav
 from cosy.pipeline.token2wav_stream import stream_room
 from cosy.prompt.encoder import PromptFeatures, VoicePromptEncoder
 from cosy.speech.scheduler import Batch
-from cosy.text.control import plain_text, streamed_text
+from cosy.text.fixed_stream import fixed_released
 from cosy.text.frontend import TextFrontend
-from cosy.text.language import check_family_language
 from cosy.text.offsets import segment_spans, strip_prefix
 from cosy.text.ssml import Break
 from cosy.text.ssml_text import spoken_runs
-from cosy.text.stream import sentence_parts, stream_pieces
+from cosy.text.stream import sentence_parts, stream_released
 from cosy.text.tokenizer import TextTokenizer
 
 log = logging.getLogger(__name__)
@@ -154,7 +154,6 @@ class Engine:
         "end" mark after its last one is (`cosy.pipeline.timing`): each text segment the LM speaks is a
         sentence, its samples counted exactly, its span of the caller's text (`req.text`; SSML: the
         document's text content) found by `cosy.text.offsets`. The marks change nothing spoken."""
-        req = self._text_controls(req)
         clock = SentenceClock(req.text, self.sample_rate, on_mark)
         chunks = self._synthesize(req, clock)
         try:
@@ -183,15 +182,6 @@ class Engine:
                                     speech))
         yield from self._speak(inputs, flow_prompt, req, seed, clock=clock,
                                spans=self._spans(req, req.text, inputs, clock))
-
-    def _text_controls(self, req: SynthesisRequest) -> SynthesisRequest:
-        """`req` with its plain text filtered (markdown) and its numbers read in its hint's language
-        (`cosy.text.control`); the family must speak that language. Sentence spans are into this text."""
-        req.check()
-        check_family_language(req.language, self.family.name, self.family.display_name)
-        if req.ssml or req.mode == "vc" or req.duplex or not (req.markdown or req.language):
-            return req
-        return dataclasses.replace(req, text=plain_text(req.text, req.language, req.markdown))
 
     def _spans(self, req: SynthesisRequest, text: str, inputs: LMInput,
                clock: SentenceClock) -> list[tuple[int, int]]:
@@ -238,7 +228,7 @@ class Engine:
         req = dataclasses.replace(req, speed=req.speed * doc.speed, ssml=False)
         # all of them first: what can never be spoken fails before any audio
         parts: list[Break | tuple[LMInput, list[tuple[int, int]]]] = []
-        for part in spoken_runs(doc, self.family.phoneme_tags, req.language):
+        for part in spoken_runs(doc, self.family.phoneme_tags):
             if isinstance(part, Break):
                 parts.append(part)
                 continue
@@ -263,17 +253,19 @@ class Engine:
             n += len(inputs.segments)
 
     def synthesize_duplex(self, req: SynthesisRequest, pieces: Iterable[str],
-                          on_text: Callable[[str], None] | None = None) -> Iterator[Tensor]:
+                          on_text: Callable[[str], None] | None = None,
+                          on_mark: Callable[[SentenceMark], None] | None = None) -> Iterator[Tensor]:
         """Yield (N,) float32 audio chunks while text pieces arrive (`pieces` may block, e.g. a queue):
         the text is normalized as it streams (`cosy.text.stream`), the LM decodes each segment of it (a
         sentence, `_segments`) with the official bistream rules (`cosy.lm.bistream`), seeded seed + i as
         the other surfaces' sentences are, and a streaming token2wav (one voice, one chunk schedule) makes
         the audio of its segments, as many as fit one stream (`_streams`; a new one, seeded seed + i at
         segment i, starts where the next could outgrow the flow's fixed noise). `req.text` is ignored
-        (`req.duplex` must be set). `on_text` is called with each normalized piece as the LM takes it (the
-        sentence events' source)."""
+        (`req.duplex` must be set). `on_text` is called with each normalized piece as the LM takes it.
+        `on_mark` with each segment's "begin" mark before its first chunk and its "end" mark after its last,
+        offsets into the pieces as sent, joined (`cosy.pipeline.duplex_marks`: a chunk that holds a segment
+        boundary comes in two pieces, with or without `on_mark`)."""
         req.check()
-        check_family_language(req.language, self.family.name, self.family.display_name)
         if not req.duplex:
             raise SynthesisError("synthesize_duplex needs a duplex request")
         seed = req.seed if req.seed is not None else random.randrange(2**31)
@@ -282,52 +274,62 @@ class Engine:
         flow_prompt = FlowPrompt(features.speech_tokens, features.mel, features.embedding, key)
         prompt_text_ids, prompt_speech = lm_prompt(self.text, self.family, req.mode, req.prompt_text,
                                                    req.instruct_text, features.speech_tokens.flatten().tolist())
-        pieces = streamed_text(pieces, req.language, req.markdown)  # markdown filtered, numbers in the hint's language
-        decoded = ((i, bistream_decode(segment, prompt_text_ids, prompt_speech, self._bistream_steps(req, seed + i),
-                                       self.family))
-                   for i, segment in enumerate(self._segments(pieces, on_text)))
+        caller = CallerText()
+        marks = DuplexMarks(self.t2w, req.speed, caller, on_mark)
+        decoded = ((i, bistream_decode(marks.segment(i, segment), prompt_text_ids, prompt_speech,
+                                       self._bistream_steps(req, seed + i), self.family))
+                   for i, segment in enumerate(self._segments(caller.record(pieces), on_text, req.fixes)))
         # a stream takes another segment only while the longest one the LM can make still fits it
         longest = self.family.length_limits(LM_DUPLEX_SEGMENT_TOKENS)[1]
         fill = stream_room(self.t2w, flow_prompt.tokens.shape[1], req.speed) - longest
         req = dataclasses.replace(req, stream=True)
-        for first, tokens in _streams(decoded, fill):
-            yield from self._token2wav(tokens, flow_prompt, req, seed + first)
+        for first, tokens in _streams(decoded, fill, marks.started):
+            marks.new_stream()
+            for chunk in self._token2wav(tokens, flow_prompt, req, seed + first):
+                yield from marks.cut(chunk)
+            marks.end_stream()
 
-    def _segments(self, pieces: Iterable[str],
-                  on_text: Callable[[str], None] | None = None) -> Iterator[Iterator[list[int]]]:
+    def _segments(self, pieces: Iterable[str], on_text: Callable[[str], None] | None = None,
+                  fixes: tuple = ()) -> Iterator[Segment]:
         """The streamed text as LM segments, each decoded with the official bistream rules on its own (as
         the other surfaces' text is split into sentences): a segment ends after a sentence's end marks
         (`cosy.text.stream.sentence_parts`), at LM_DUPLEX_SEGMENT_TOKENS ids, or at the text's end. So a
         complete sentence is spoken at once, without waiting for more text (within a segment the speech
         follows the text by the mix ratio), and the LM's context holds one segment however long the text.
         A segment yields its ids one at a time, as the official frontend feeds bistream
-        (`_extract_text_token_generator`); the next segment is read only when the last is decoded.
-        SynthesisError at the end if nothing speakable came."""
-        ids = self._streamed_ids(pieces, on_text)
+        (`_extract_text_token_generator`), and keeps the span of the pieces they came from; the next
+        segment is read only when the last is decoded. SynthesisError at the end if nothing speakable came."""
+        ids = self._streamed_ids(pieces, on_text, fixes)
         for first in ids:
-            def segment(first=first) -> Iterator[list[int]]:
-                token, closes, n = first[0], first[1], 1
-                yield [token]
+            def segment(first=first) -> Iterator[tuple[int, int, int]]:
+                token, closes, begin, end = first
+                n = 1
+                yield token, begin, end
                 while not closes and n < LM_DUPLEX_SEGMENT_TOKENS:
-                    token, closes = next(ids, (None, True))
+                    token, closes, begin, end = next(ids, (None, True, 0, 0))
                     if token is None:
                         return
                     n += 1
-                    yield [token]
-            yield segment()
+                    yield token, begin, end
+            yield Segment(segment())
 
-    def _streamed_ids(self, pieces: Iterable[str],
-                      on_text: Callable[[str], None] | None = None) -> Iterator[tuple[int, bool]]:
-        """(text id, whether it ends a sentence) of the normalized pieces, in order; SynthesisError at the
-        end if nothing speakable came."""
+    def _streamed_ids(self, pieces: Iterable[str], on_text: Callable[[str], None] | None = None,
+                      fixes: tuple = ()) -> Iterator[tuple[int, bool, int, int]]:
+        """(text id, whether it ends a sentence, begin, end) of the normalized pieces, in order, with the span
+        of the pieces (joined as sent) each id came from: its part's (`segment_spans`), shared among the
+        part's ids in proportion; SynthesisError at the end if nothing speakable came."""
         n = 0
-        for text in stream_pieces(self.text, pieces):
+        # pronunciation fixes (`req.fixes`) applied first, as the pieces arrive (`cosy.text.fixed_stream`)
+        for run in fixed_released(self.text, pieces, fixes) if fixes else stream_released(self.text, pieces):
             if on_text is not None:
-                on_text(text)
-            for part, closes in sentence_parts(text):
+                on_text(run.normalized)
+            parts = sentence_parts(run.normalized)
+            for (part, closes), (b, e) in zip(parts, segment_spans(run.raw, [p for p, _ in parts])):
                 ids = self.text.encode(part)
                 n += len(ids)
-                yield from ((i, closes and k == len(ids) - 1) for k, i in enumerate(ids))
+                b, e, m = run.begin + b, run.begin + e, max(1, len(ids))
+                yield from ((i, closes and k == len(ids) - 1, b + (e - b) * k // m, b + (e - b) * (k + 1) // m)
+                            for k, i in enumerate(ids))
         if n == 0:
             raise SynthesisError("the text is empty: nothing to speak arrived before its end")
 
@@ -395,17 +397,19 @@ class Engine:
                     close()
 
 
-def _streams(segments: Iterator[tuple[int, Iterator[int]]],
-             fill: int) -> Iterator[tuple[int, Iterator[int]]]:
+def _streams(segments: Iterator[tuple[int, Iterator[int]]], fill: int,
+             started: Callable[[int, int], None] | None = None) -> Iterator[tuple[int, Iterator[int]]]:
     """The speech tokens of `segments` ((index, tokens) each, in order) as consecutive token2wav streams:
     (index of the stream's first segment, its tokens). A stream ends after the segment that takes it past
     `fill` tokens (then the longest segment no longer surely fits), or after the last; a segment is never
     split. The next segment is read only when a stream goes on: a finished stream's audio is all out before
-    the next text is waited for."""
+    the next text is waited for. `started(index, n)`: segment `index` takes its stream's tokens from n on."""
     segments = iter(segments)
 
-    def stream(tokens: Iterator[int]) -> Iterator[int]:
+    def stream(first: int, tokens: Iterator[int]) -> Iterator[int]:
         n = 0
+        if started is not None:
+            started(first, 0)
         try:
             while True:
                 for token in tokens:
@@ -416,6 +420,8 @@ def _streams(segments: Iterator[tuple[int, Iterator[int]]],
                 following = next(segments, None)
                 if following is None:
                     return
+                if started is not None:
+                    started(following[0], n)
                 tokens = following[1]
         finally:  # the caller went away: stop the LM of the segment being decoded
             close = getattr(tokens, "close", None)
@@ -423,7 +429,7 @@ def _streams(segments: Iterator[tuple[int, Iterator[int]]],
                 close()
 
     for first, tokens in segments:
-        yield first, stream(tokens)
+        yield first, stream(first, tokens)
 
 
 def _embedded_context() -> int:

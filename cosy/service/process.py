@@ -296,8 +296,8 @@ def _serve(spec: EngineSpec, conn, cancel, health, prepare) -> None:
                 inbox = TextInbox(conn, job_id, interrupt)
                 req = SynthesisRequest.from_wire(payload)
                 call = start_call(req.priority)  # this job's LM requests carry its class, report their wait
-                chunks = (engine.synthesize_duplex(req, inbox.pieces(), inbox.taken) if kind == "duplex"
-                          else engine.synthesize(req, on_mark=inbox.mark))
+                chunks = (engine.synthesize_duplex(req, inbox.pieces(), inbox.taken, on_mark=inbox.mark)
+                          if kind == "duplex" else engine.synthesize(req, on_mark=inbox.mark))
                 try:
                     for chunk in chunks:
                         if cancel is not None and cancel.is_set():

@@ -48,7 +48,8 @@ def serve(engine, conn, flow_batch: int = 1, aging: float = PRIORITY_AGING) -> N
             else:
                 req = SynthesisRequest.from_wire(r.payload)
                 call = start_call(req.priority)  # this thread's LM requests carry its class, report their wait
-                chunks = (engine.synthesize_duplex(req, r.pieces(), lambda text: send(("taken", r.id, text)))
+                chunks = (engine.synthesize_duplex(req, r.pieces(), lambda text: send(("taken", r.id, text)),
+                                                   on_mark=lambda mark: send(("mark", r.id, mark.to_wire())))
                           if r.kind == "duplex" else
                           engine.synthesize(req, on_mark=lambda mark: send(("mark", r.id, mark.to_wire()))))
                 for chunk in chunks:
