@@ -4,6 +4,7 @@ Two apps share one data dir (A with 2 workers, B with 1 and room for 1 waiting r
 embedded LM (the default)."""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -28,6 +29,8 @@ ENDPOINTS = {
     "/saved_voice": ["tts_text", "voice_id", "seed", "speed", "enable_ssml"],
     "/save_voice": ["voice_id", "prompt_text", "prompt_wav"],
     "/list_voices": [],
+    "/speak_with_timestamps": ["tts_text", "mode", "voice_id", "prompt_wav", "prompt_text", "instruct_text", "seed",
+                               "speed", "enable_ssml", "word_timestamp_enabled", "subtitle_format"],
 }
 
 
@@ -66,6 +69,8 @@ def test_view_api_names_are_the_promised_ones(client_a):
         assert files == (["prompt_wav"] if "prompt_wav" in params else []), name
         returns_file = named[name]["returns"][0]["python_type"]["type"] == "filepath"
         assert returns_file == (name not in ("/save_voice", "/list_voices")), name
+    returns = [r["python_type"]["type"] for r in named["/speak_with_timestamps"]["returns"]]
+    assert returns == ["filepath", "dict(str, Any)", "filepath"]  # the wav, its timings, the subtitles
 
 
 def test_every_endpoint_gives_audio_or_json(client_a):
@@ -78,6 +83,38 @@ def test_every_endpoint_gives_audio_or_json(client_a):
     assert saved["voice_id"] == "endpoint-voice" and saved["prompt_text"] == ZS_TEXT
     assert "endpoint-voice" in [v["voice_id"] for v in c.predict(api_name="/list_voices")]
     assert assert_wav(c.predict("你好。", "endpoint-voice", 1, 1.0, api_name="/saved_voice")) > 0
+
+
+def test_speak_with_timestamps_gives_the_audio_its_sentences_and_subtitles(client_a):
+    from test_timestamps_http import TWO, assert_sentences
+    wav, timings, srt = client_a.predict(TWO, "cross_lingual", "", handle_file(CL_WAV), "", "", 3, 1.0, False,
+                                         False, "srt", api_name="/speak_with_timestamps")
+    audio, rate = sf.read(wav, dtype="int16")
+    assert rate == 24000 and timings["text"] == TWO
+    sentences = timings["sentences"]
+    assert len(sentences) == 2
+    assert_sentences(sentences, TWO, len(audio))
+    # the same request without timings: the same audio (the seed fixes it; timings change no sample)
+    assert (sf.read(client_a.predict(TWO, handle_file(CL_WAV), 3, 1.0, api_name="/cross_lingual"),
+                    dtype="int16")[0] == audio).all()
+
+    def stamp(ms: int, sep: str) -> str:
+        return f"{ms // 3600000:02d}:{ms // 60000 % 60:02d}:{ms // 1000 % 60:02d}{sep}{ms % 1000:03d}"
+
+    cues = Path(srt).read_text(encoding="utf-8").strip().split("\n\n")
+    assert Path(srt).suffix == ".srt" and len(cues) == 2
+    for i, (cue, s) in enumerate(zip(cues, sentences)):
+        assert cue.split("\n") == [str(i + 1), f"{stamp(s['begin_time'], ',')} --> {stamp(s['end_time'], ',')}",
+                                   s["text"]], cue
+    _, _, vtt = client_a.predict(tts_text="你好。再见。", mode="cross_lingual", prompt_wav=handle_file(CL_WAV),
+                                 subtitle_format="VTT", api_name="/speak_with_timestamps")
+    assert Path(vtt).suffix == ".vtt" and Path(vtt).read_text(encoding="utf-8").startswith("WEBVTT")
+    for kwargs, message in (({"subtitle_format": "ass"}, "subtitle_format 'ass'"), ({"mode": "sing"}, "mode 'sing'"),
+                            ({"word_timestamp_enabled": True}, "--aligner")):
+        with pytest.raises(Exception, match=re.escape(message)) as e:
+            client_a.predict(tts_text="你好。", **{"mode": "cross_lingual", "prompt_wav": handle_file(CL_WAV),
+                                                   **kwargs}, api_name="/speak_with_timestamps")
+        assert "Traceback" not in str(e.value)
 
 
 def test_metrics_count_gradio_api_syntheses_by_mode(apps, client_a):

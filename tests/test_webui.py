@@ -223,3 +223,42 @@ def test_cosyvoice3_page_streams_zero_shot_and_runs_an_instruct2_example(browser
             context.close()
     finally:
         app.stop()
+
+
+def test_the_sentence_being_spoken_is_marked_and_subtitles_download(page):
+    """Sentence timestamps on the page (issue 55): the text with the sentence the player is at marked, following
+    playback and seeking, and SRT/VTT files of the sentences."""
+    from test_timestamps_http import TWO
+    page.get_by_text("cross_lingual_prompt.wav", exact=True).click()
+    expect(page.locator("#tts_text textarea")).to_have_value(re.compile("荒诞故事"))
+    page.locator("#tts_text textarea").fill(TWO)
+    seconds = generate(page)["seconds"]
+    spans = page.locator("#spoken .cosy-sentence")
+    expect(spans).to_have_count(2)
+    assert page.locator("#spoken").inner_text() == TWO  # the text as typed, digits and all
+    times = [(int(spans.nth(i).get_attribute("data-begin")), int(spans.nth(i).get_attribute("data-end")))
+             for i in range(2)]
+    assert times[0][0] == 0 and times[0][1] == times[1][0] and abs(times[1][1] / 1000 - seconds) < 0.01, times
+    # playing: the first sentence is marked while the player is in it; seeking into the second moves the mark
+    page.locator("#result button[aria-label=Play], #result button[aria-label=play]").first.click()
+    expect(spans.nth(0)).to_have_class(re.compile("cosy-current"))
+    expect(spans.nth(1)).not_to_have_class(re.compile("cosy-current"))
+    waveform = page.locator("#result #waveform").bounding_box()  # a click on it seeks there
+    at = (times[1][0] + 0.1 * (times[1][1] - times[1][0])) / times[1][1]
+    page.mouse.click(waveform["x"] + waveform["width"] * at, waveform["y"] + waveform["height"] / 2)
+    expect(spans.nth(1)).to_have_class(re.compile("cosy-current"))
+    expect(spans.nth(0)).not_to_have_class(re.compile("cosy-current"))
+    # the subtitles: an SRT and a VTT of the two sentences
+    links = page.locator("#subtitles a")
+    expect(links).to_have_count(2)
+    files = {}
+    for i in range(2):
+        got = links.nth(i).evaluate("async (a) => { const r = await fetch(a.href); "
+                                    "return {status: r.status, name: a.href.split('/').pop(), text: await r.text()}; }")
+        assert got["status"] == 200
+        files[got["name"].rsplit(".", 1)[-1]] = got["text"]
+    assert set(files) == {"srt", "vtt"} and files["vtt"].startswith("WEBVTT")
+    for text in files.values():
+        assert text.count(" --> ") == 2 and "回家的路上" in text
+    spans.nth(1).scroll_into_view_if_needed()
+    screenshot(page, "webui-timestamps.png")

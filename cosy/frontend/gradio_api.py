@@ -7,7 +7,9 @@
 
 `/zero_shot`, `/cross_lingual`, `/instruct` and `/saved_voice` return a 24 kHz wav file (the client
 downloads it); each takes `hot_fix` last (pronunciation fixes as JSON, the managed service's shape: `cosy.text.lexicon`;
-"" none). `/save_voice` and `/list_voices` return JSON. Uploaded prompts are copied into the data
+"" none). `/save_voice` and `/list_voices` return JSON. `/speak_with_timestamps` speaks in any of those
+modes and returns the wav, its sentence timings as JSON (`{"text", "sentences"}`: docs/api/timestamps.md) and
+a subtitle file (SRT or VTT). Uploaded prompts are copied into the data
 dir (content-addressed), so every frontend sharing it sees them. Errors raise `gr.Error` with the
 service's message: the client raises it with that text as written (not HTML-escaped: only the WebUI renders
 it as HTML), never with a stack trace.
@@ -38,6 +40,9 @@ from cosy.frontend import gradio_compat, store
 from cosy.frontend.encoding import wav_bytes
 from cosy.frontend.service import FrontendService
 from cosy.pipeline.request import SynthesisRequest, as_number, clean_filename
+from cosy.pipeline.subtitles import FORMATS as SUBTITLE_FORMATS
+from cosy.pipeline.subtitles import subtitles
+from cosy.pipeline.timing import SentenceTiming
 from cosy.text.lexicon import parse_hot_fix
 
 log = logging.getLogger(__name__)
@@ -202,6 +207,55 @@ def _synthesize(service: FrontendService, mode: str, seed: object, speed: object
         return FileData(path=wav_file(result.audio, result.sample_rate, f"cosy-{mode}"))
 
 
+# `/speak_with_timestamps`'s modes, named as the endpoints of each mode -> the service's modes
+TIMED_MODES = {"zero_shot": "zero_shot", "cross_lingual": "cross_lingual", "instruct": "instruct",
+               "saved_voice": "voice"}
+
+
+def indexed_text(req: SynthesisRequest) -> str:
+    """The text that sentence offsets (begin_index, end_index) index: the caller's text, or an SSML document's
+    text content."""
+    return req.ssml_document().text if req.ssml else req.text
+
+
+def subtitle_format(value: object) -> str:
+    """One of SUBTITLE_FORMATS (any case); BadRequest naming subtitle_format otherwise."""
+    fmt = value.strip().lower() if isinstance(value, str) else value
+    if fmt not in SUBTITLE_FORMATS:
+        raise BadRequest(f"subtitle_format {value!r} is not a subtitle format: use {' or '.join(SUBTITLE_FORMATS)}")
+    return fmt
+
+
+def subtitle_file(sentences: list[SentenceTiming], fmt: str, stem: str) -> str:
+    """Write the sentences as a subtitle file of format `fmt` (SUBTITLE_FORMATS) beside the results."""
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    path = OUT_DIR / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}.{fmt}"
+    path.write_text(subtitles(sentences, fmt), encoding="utf-8")
+    store.prune(OUT_DIR, RESULT_BOUNDS, keep=path)
+    return str(path)
+
+
+def _timed(service: FrontendService, mode: str, tts_text: str, voice_id: str, prompt_wav: object, prompt_text: str,
+           instruct_text: str, seed: object, speed: object, ssml: bool, words: bool, fmt_asked: str,
+           cancelled: threading.Event | None) -> tuple[FileData, dict, FileData]:
+    with user_errors(as_html=False), refused_uploads_removed() as track:
+        if mode not in TIMED_MODES:
+            raise BadRequest(f"mode {mode!r} is not one of {', '.join(TIMED_MODES)}")
+        fmt = subtitle_format(fmt_asked)  # refused before any synthesis
+        saved = mode == "saved_voice"
+        req = SynthesisRequest(mode=TIMED_MODES[mode], text=tts_text, voice_id=(voice_id or None) if saved else None,
+                               prompt_wav=None if saved else uploaded(service, prompt_wav, track),
+                               prompt_text=prompt_text if mode == "zero_shot" else "",
+                               instruct_text=instruct_text if mode == "instruct" else "",
+                               seed=as_number(seed, "seed", int), speed=as_number(speed, "speed"), ssml=ssml,
+                               word_timestamps=words)
+        result = service.synthesize(req, "gradio_api", cancelled)
+        stem = f"cosy-{mode}"
+        timings = {"text": indexed_text(req), "sentences": [s.to_dict(words) for s in result.sentences]}
+        return (FileData(path=wav_file(result.audio, result.sample_rate, stem)), timings,
+                FileData(path=subtitle_file(result.sentences, fmt, stem)))
+
+
 def register(service: FrontendService) -> None:
     """Add the API endpoints to the Blocks being built (call inside `with blocks:`)."""
     from gradio.context import Context
@@ -255,6 +309,20 @@ def register(service: FrontendService) -> None:
         with user_errors(as_html=False):
             return service.list_voices()
 
-    for fn in (zero_shot, cross_lingual, instruct, saved_voice, save_voice, list_voices):
+    def speak_with_timestamps(tts_text: str, mode: str = "saved_voice", voice_id: str = "",
+                              prompt_wav: FileData = None, prompt_text: str = "", instruct_text: str = "",
+                              seed: int = 0, speed: float = 1.0, enable_ssml: bool = False,
+                              word_timestamp_enabled: bool = False, subtitle_format: str = "srt",
+                              request: gr.Request = None) -> tuple[FileData, dict, FileData]:
+        """Speak tts_text in mode zero_shot (prompt_wav + prompt_text), cross_lingual (prompt_wav), instruct
+        (prompt_wav + instruct_text) or saved_voice (voice_id), and say when each sentence is spoken. Returns
+        the 24 kHz wav, {"text": what the offsets index, "sentences": [{index, text, begin_time, end_time (ms),
+        begin_index, end_index}]} (with "words" when word_timestamp_enabled: needs the frontend's --aligner) and
+        a subtitle file (subtitle_format srt or vtt)."""
+        with left_watch(blocks, request, "speak_with_timestamps") as left:
+            return _timed(service, mode, tts_text, voice_id, prompt_wav, prompt_text, instruct_text, seed, speed,
+                          bool(enable_ssml), bool(word_timestamp_enabled), subtitle_format, left)
+
+    for fn in (zero_shot, cross_lingual, instruct, saved_voice, save_voice, list_voices, speak_with_timestamps):
         gr.api(fn, api_name=fn.__name__)
         gradio_compat.note(fn, fn.__name__)  # raw calls without the later `enable_ssml` still work

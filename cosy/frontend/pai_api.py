@@ -28,6 +28,16 @@ event whose `error` is the error object. With `debug`, each answer also carries 
 server_cost_time, generate_time}`: seconds of audio in this piece (> 0 in every event), seconds since the
 server received the request, seconds this piece's audio took (the first: queue wait + synthesis).
 First-packet time = the first server_cost_time; RTF = the last server_cost_time / the sum of speech_len.
+
+Timestamps (opt-in, docs/api/timestamps.md): `input.sentence_timestamp_enabled` (an extension) or
+`input.word_timestamp_enabled` (the managed service's name; needs the frontend's --aligner) add
+`output.sentences`: streamed, to every event, the sentences that began or ended since the previous one
+(`{"type": "sentence-begin" | "sentence-end", "sentence": {...}}`, as the managed service's WebSocket names
+them; a begin comes with the event holding the sentence's first audio, an end with the event holding the
+sentence's last audio);
+whole, the list of every sentence spoken. A sentence is `{index, text, begin_time, end_time (ms in the
+output audio; null in a begin), begin_index, end_index (offsets into input.text, end exclusive)}`, with
+`words` when word timings were asked. Without them the answers are as published, byte for byte.
 """
 from __future__ import annotations
 
@@ -60,6 +70,7 @@ from cosy.pipeline.request import (
     SynthesisRequest,
     check_range,
 )
+from cosy.pipeline.timing import SentenceMark
 from cosy.text.lexicon import parse_hot_fix
 
 # PAI's mode names -> ours; fast_replication uses the reference audio's stored transcript (our mode 'voice')
@@ -118,11 +129,17 @@ class PaiOptions(BaseModel):
     priority: Literal[PRIORITIES] | None = Field(
         None, description="an extension: the request's priority class (default: interactive for a stream, default "
         "for a whole file; a more urgent class than that only where the frontend allows it)")
+    sentence_timestamp_enabled: bool | None = Field(
+        None, description="an extension: each sentence's begin_time/end_time (ms) and begin_index/end_index (into "
+        "input.text) in output.sentences; default false")
+    word_timestamp_enabled: bool | None = Field(
+        None, description="the managed service's name: sentence timings with each one's words (needs the "
+        "frontend's --aligner); default false")
 
 
 OPTION_DEFAULTS = {"sample_rate": 24000, "bit_rate": DEFAULT_BIT_RATE, "volume": 1.0, "speed": 1.0,
                    "output_format": "wav", "debug": False, "seed": None, "enable_ssml": False, "priority": None,
-                   "hot_fix": None}
+                   "hot_fix": None, "sentence_timestamp_enabled": False, "word_timestamp_enabled": False}
 
 
 class PaiInput(PaiOptions):
@@ -159,10 +176,13 @@ def _metrics(seconds: float, elapsed: float, wait: float) -> dict:
     return {"speech_len": round(seconds, 4), "server_cost_time": round(elapsed, 4), "generate_time": round(wait, 4)}
 
 
-def _answer(request_id: str, data: bytes, last: bool, metrics: dict | None, usage: dict | None = None) -> dict:
+def _answer(request_id: str, data: bytes, last: bool, metrics: dict | None, usage: dict | None = None,
+            sentences: list[dict] | None = None) -> dict:
     out = {"output": {"finish_reason": "stop" if last else None,
                       "audio": {"id": request_id, "data": base64.b64encode(data).decode("ascii")}},
            "request_id": request_id, "error": None}
+    if sentences is not None:
+        out["output"]["sentences"] = sentences
     if usage is not None:
         out["usage"] = usage
     if metrics is not None:
@@ -170,19 +190,36 @@ def _answer(request_id: str, data: bytes, last: bool, metrics: dict | None, usag
     return out
 
 
-async def _events(pieces: AsyncIterator[Piece], request_id: str, debug: bool, usage: dict) -> AsyncIterator[str]:
+def _timestamps(o: dict) -> bool | None:
+    """None: no timings asked; else whether each sentence carries its words."""
+    if not (o["sentence_timestamp_enabled"] or o["word_timestamp_enabled"]):
+        return None
+    return bool(o["word_timestamp_enabled"])
+
+
+def _mark(mark: SentenceMark, words: bool) -> dict:
+    return {"type": f"sentence-{mark.kind}", "sentence": mark.sentence.to_dict(words)}
+
+
+async def _events(pieces: AsyncIterator[Piece], request_id: str, debug: bool, usage: dict,
+                  words: bool | None = None) -> AsyncIterator[str]:
     """SSE lines, each with `error` (null) and, with debug, `metrics`. Pieces without bytes (the codec
     still filling a frame) are merged into the next one, so every event carries audio and speech_len > 0
-    (the last piece always holds some audio back: see speech_stream.HOLD_SECONDS)."""
+    (the last piece always holds some audio back: see speech_stream.HOLD_SECONDS). `words` not None:
+    each event also carries the sentence marks since the previous one (`_timestamps`)."""
     seconds = wait = elapsed = 0.0
+    marks: list[SentenceMark] = []
     try:
         async for p in pieces:
             seconds, wait, elapsed = seconds + p.seconds, wait + p.generate_time, p.elapsed
+            marks += p.marks
             if not p.data and not p.last:
                 continue
+            sentences = None if words is None else [_mark(m, words) for m in marks]
             yield sse(_answer(request_id, p.data, p.last, _metrics(seconds, p.elapsed, wait) if debug else None,
-                              usage if p.last else None))
+                              usage if p.last else None, sentences))
             seconds = wait = 0.0
+            marks = []
     except CosyError as e:  # after audio went out: the stream ends with an error event
         event = {"output": {"finish_reason": None, "audio": {"id": request_id, "data": ""}},
                  "request_id": request_id, **error_body(str(e), e.status)}
@@ -240,32 +277,37 @@ def build_pai_router(service: FrontendService, refs: ReferenceAudios, dependenci
             raise BadRequest("input.instruct is required for natural_language_replication "
                              "(e.g. '用四川话说这句话')")
         o = resolve_options(body)
+        words = _timestamps(o)
         synthesis = SynthesisRequest(mode=MODES[inp.mode], text=inp.text, voice_id=inp.reference_audio_id,
                                      instruct_text=inp.instruct, speed=o["speed"], seed=o["seed"],
                                      stream=body.stream, ssml=o["enable_ssml"], priority=o["priority"],
-                                     hot_fix=parse_hot_fix(o["hot_fix"], "input.hot_fix"))
+                                     hot_fix=parse_hot_fix(o["hot_fix"], "input.hot_fix"),
+                                     word_timestamps=bool(words))
         req = SpeechRequest(synthesis, "pai", fmt=o["output_format"], sample_rate=o["sample_rate"],
                             bit_rate=o["bit_rate"], volume=o["volume"])
         pieces = await open_speech(service, refs, req, received, request)  # a client leaving cancels the job
         headers = {"X-Request-Id": request_id}
         usage = {"characters": len(inp.text)}
         if body.stream:
-            return StreamingResponse(_events(pieces, request_id, o["debug"], usage), media_type="text/event-stream",
-                                     headers={**headers, "Cache-Control": "no-cache"})
+            return StreamingResponse(_events(pieces, request_id, o["debug"], usage, words),
+                                     media_type="text/event-stream", headers={**headers, "Cache-Control": "no-cache"})
         data, seconds, wait, elapsed = bytearray(), 0.0, 0.0, 0.0
+        spoken: list[dict] = []
 
         async def collect() -> None:
             nonlocal data, seconds, wait, elapsed
             async for p in pieces:
                 data += p.data
                 seconds, wait, elapsed = seconds + p.seconds, wait + p.generate_time, p.elapsed
+                spoken.extend(m.sentence.to_dict(bool(words)) for m in p.marks if m.kind == "end")
 
         try:
             await until_disconnected(request, collect())
         finally:
             await pieces.aclose()
         m = _metrics(seconds, elapsed, wait) if o["debug"] else None
-        return JSONResponse(_answer(request_id, bytes(data), True, m, usage), headers=headers)
+        return JSONResponse(_answer(request_id, bytes(data), True, m, usage, None if words is None else spoken),
+                            headers=headers)
 
     ref = f"{BASE}/reference_audio"
     add_route(router, "POST", ref, create_reference_audio, summary="Upload a reference audio")

@@ -2,9 +2,12 @@
 
 The prompt comes from an upload or the microphone; results stream into a player while they are made (or
 arrive whole), and stay playable and downloadable as a wav. Every failure shows as a readable message.
+While a player plays, the text below it marks the sentence being spoken (its timings: `cosy.pipeline.timing`);
+the sentences are also offered as SRT and VTT subtitles.
 """
 from __future__ import annotations
 
+import html
 import random
 import shutil
 import time
@@ -15,9 +18,18 @@ import numpy as np
 
 from cosy.errors import BadRequest
 from cosy.frontend.encoding import wav_bytes
-from cosy.frontend.gradio_api import refused_uploads_removed, stored_upload, user_errors, wav_file
+from cosy.frontend.gradio_api import (
+    SUBTITLE_FORMATS,
+    indexed_text,
+    refused_uploads_removed,
+    stored_upload,
+    subtitle_file,
+    user_errors,
+    wav_file,
+)
 from cosy.frontend.service import FrontendService
 from cosy.pipeline.request import SPEED_RANGE, SynthesisRequest, as_number
+from cosy.pipeline.timing import SentenceMark, SentenceTiming
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
 # the served modes (cosy.pipeline.request.SERVED_MODES), in the order the page offers them
@@ -35,6 +47,41 @@ HELP = {
 THEME = gr.themes.Soft(font=["ui-sans-serif", "system-ui", "sans-serif"],  # no web fonts: works offline
                        font_mono=["ui-monospace", "monospace"])
 PRIVATE = dict(api_visibility="private")  # UI events stay out of the documented API (gradio_api.py)
+# Marks the sentence being spoken while a player (#result, or #live while it streams) plays, comparing its time
+# with each sentence's data-begin/data-end (ms; an empty end: still being spoken). The result player's audio
+# element lives in its waveform's shadow DOM, whose media events never reach the document: each element that
+# starts playing gets the listeners itself (and its owner is found across shadow roots)
+HIGHLIGHT_JS = """
+if (!window.cosySpokenHooked) {
+  window.cosySpokenHooked = true;
+  const owner = (el) => {
+    for (let n = el; n; n = n.parentElement || (n.getRootNode() && n.getRootNode().host)) {
+      if (n.id === 'result' || n.id === 'live') return n;
+    }
+    return null;
+  };
+  const mark = (e) => {
+    const player = e.target;
+    if (!owner(player)) return;
+    const ms = player.currentTime * 1000;
+    for (const s of document.querySelectorAll('#spoken .cosy-sentence')) {
+      const end = s.dataset.end === '' ? Infinity : Number(s.dataset.end);
+      s.classList.toggle('cosy-current', ms >= Number(s.dataset.begin) && ms < end && !player.ended);
+    }
+  };
+  const kinds = ['timeupdate', 'seeked', 'ended'];
+  const play = HTMLMediaElement.prototype.play;
+  HTMLMediaElement.prototype.play = function (...args) {
+    if (!this.cosyWatched) {
+      this.cosyWatched = true;
+      for (const kind of kinds) this.addEventListener(kind, mark);
+    }
+    return play.apply(this, args);
+  };
+  for (const kind of kinds) document.addEventListener(kind, (e) => e.target.cosyWatched || mark(e), true);
+}
+"""
+HIGHLIGHT_CSS = ".cosy-current { background: #fde68a; color: #111; border-radius: 3px; }"
 
 
 def _voice_ids(service: FrontendService) -> list[str]:
@@ -61,32 +108,59 @@ def _request(service: FrontendService, mode: str, text: str, prompt_wav: str | N
     return req
 
 
+def spoken_html(text: str, sentences: list[SentenceTiming]) -> str:
+    """`text` with each sentence's span (begin_index:end_index) in a span holding its times (ms), for
+    HIGHLIGHT_JS; a sentence still being spoken has an empty data-end."""
+    parts, at = [], 0
+    for s in sorted(sentences, key=lambda s: s.begin_index):
+        begin = max(at, s.begin_index)
+        end = "" if s.end_time is None else s.end_time
+        parts.append(html.escape(text[at:begin]))
+        parts.append(f'<span class="cosy-sentence" data-index="{s.index}" data-begin="{s.begin_time}" '
+                     f'data-end="{end}">{html.escape(text[begin:s.end_index])}</span>')
+        at = max(at, s.end_index)
+    parts.append(html.escape(text[at:]))
+    return f'<div class="cosy-spoken" style="white-space: pre-wrap">{"".join(parts)}</div>'
+
+
 def _generate(service: FrontendService):
     def generate(mode, text, prompt_wav, prompt_text, instruct_text, voice_id, seed, speed, stream, ssml=False,
                  progress=gr.Progress()):
-        """Yield (streaming player, result, download, status) as audio is made."""
+        """Yield (streaming player, result, download, status, spoken text, subtitles) as audio is made."""
         start, chunks, made = time.monotonic(), [], 0.0
         sr = service.sample_rate
-        yield gr.skip(), gr.skip(), gr.skip(), "合成中 Synthesizing…"
+        sentences: dict[int, SentenceTiming] = {}  # by index: the latest mark of each
+        marks: list[SentenceMark] = []  # since the last yield
+
+        yield gr.skip(), gr.skip(), gr.skip(), "合成中 Synthesizing…", "", None
         try:
             with user_errors(), refused_uploads_removed() as track:
                 req = _request(service, mode, text, prompt_wav, prompt_text, instruct_text, voice_id, seed, speed,
                                bool(stream), track, bool(ssml))
+                shown = indexed_text(req)
                 progress((0, None), desc="合成中 Synthesizing")
-                for chunk in service.stream(req, "webui"):
+                for chunk in service.stream(req, "webui", on_sentence=marks.append):
                     chunks.append(chunk)
                     made += len(chunk) / sr
                     status = f"合成中… {made:.1f} s 音频 / Synthesizing… {made:.1f} s of audio so far"
                     progress((len(chunks), None), desc="合成中 Synthesizing", unit="chunks" if stream else "parts")
-                    yield (wav_bytes(chunk, sr) if stream else gr.skip()), gr.skip(), gr.skip(), status
+                    sentences.update((m.sentence.index, m.sentence) for m in marks)
+                    spoken = spoken_html(shown, list(sentences.values())) if marks and stream else gr.skip()
+                    marks.clear()
+                    yield (wav_bytes(chunk, sr) if stream else gr.skip()), gr.skip(), gr.skip(), status, spoken, \
+                        gr.skip()
                 if not chunks:
                     raise BadRequest("nothing was synthesized; check the text")
+                sentences.update((m.sentence.index, m.sentence) for m in marks)
+                done = [sentences[i] for i in sorted(sentences)]
                 path = wav_file(np.concatenate(chunks), sr, f"cosy-{mode}")
+                subtitles = [subtitle_file(done, fmt, f"cosy-{mode}") for fmt in SUBTITLE_FORMATS]
         except gr.Error as e:
-            yield gr.skip(), gr.skip(), gr.skip(), f"出错 Error: {e.message}"  # the toast says it too
+            yield gr.skip(), gr.skip(), gr.skip(), f"出错 Error: {e.message}", gr.skip(), gr.skip()  # and a toast
             raise
         took = time.monotonic() - start
-        yield gr.skip(), path, path, f"完成 Done: {made:.1f} s 音频 / of audio in {took:.1f} s"
+        yield (gr.skip(), path, path, f"完成 Done: {made:.1f} s 音频 / of audio in {took:.1f} s",
+               spoken_html(shown, done), subtitles)
 
     return generate
 
@@ -158,6 +232,9 @@ def build(service: FrontendService, title: str | None = None) -> gr.Blocks:
                             label="流式播放 Streaming playback")
             result = gr.Audio(type="filepath", interactive=False, label="合成结果 Result", elem_id="result")
             download = gr.File(label="下载 Download (wav)", interactive=False, elem_id="download")
+            subtitles = gr.File(label="字幕 Subtitles (SRT, VTT)", interactive=False, elem_id="subtitles",
+                                file_count="multiple")
+        spoken = gr.HTML("", elem_id="spoken", css_template=HIGHLIGHT_CSS, js_on_load=HIGHLIGHT_JS)
         with gr.Accordion("保存音色 Save this voice (当前 prompt 音频与文本 the current prompt and transcript)",
                           open=False):
             with gr.Row():
@@ -179,6 +256,6 @@ def build(service: FrontendService, title: str | None = None) -> gr.Blocks:
                       voice, voice, queue=False, **PRIVATE)
         blocks.load(lambda: gr.update(choices=_voice_ids(service)), None, voice, queue=False, **PRIVATE)
         go.click(_generate(service), [mode, text, prompt_wav, prompt_text, instruct, voice, seed, speed, stream, ssml],
-                 [live, result, download, status], **PRIVATE)
+                 [live, result, download, status, spoken, subtitles], **PRIVATE)
         save.click(_save_voice(service), [new_id, prompt_text, prompt_wav], [voice, save_status], **PRIVATE)
     return blocks
