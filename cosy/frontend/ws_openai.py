@@ -119,8 +119,12 @@ class OpenAISession(TaskSession):
         words = task.params.timestamps
         if words is None:
             return None
-        return json.dumps({"type": f"speech.sentence.{mark.kind}", "session_id": task.id,
-                           "sentence": mark.sentence.to_dict(words)}, ensure_ascii=False)
+        sentence = mark.sentence.to_dict(words)
+        if mark.kind != "end":  # a begin
+            return json.dumps({"type": "speech.sentence.begin", "session_id": task.id, "sentence": sentence},
+                              ensure_ascii=False)
+        return json.dumps({"type": "speech.sentence.end", "session_id": task.id, "sentence": sentence},
+                          ensure_ascii=False)
 
     async def finished(self, task: Task) -> None:
         out = round(task.seconds * self.service.family.token_frame_rate)
