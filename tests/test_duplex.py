@@ -16,7 +16,7 @@ from cosy.pipeline.engine import Engine
 from cosy.pipeline.request import LM_DUPLEX_SEGMENT_TOKENS, SynthesisError, SynthesisRequest, lm_tokens_needed
 from cosy.service.workers import EngineSpec, WorkerPool
 from cosy.text.frontend import TextFrontend
-from cosy.text.stream import Sentences, sentence_parts, split_tail, stream_pieces
+from cosy.text.stream import sentence_parts, split_tail, stream_pieces
 from cosy.text.tokenizer import TextTokenizer
 
 pytestmark = pytest.mark.quick  # the inner-loop tier (`pytest -m quick`; README "Tests")
@@ -38,18 +38,6 @@ def test_stream_pieces_never_breaks_numbers_or_words(tiny_model_dir):
     words = re.findall(r"[a-z]+", "".join(english).lower())  # (the normalizer's spacing around . may differ)
     assert words == re.findall(r"[a-z]+", text.normalize("I have 12 apples.", split=False)[0].lower())
     assert words == ["i", "have", "twelve", "apples"] and all(p for p in english)
-
-
-def test_sentences_mark_begin_and_end_as_the_text_is_taken():
-    s = Sentences()
-    assert s.take("  你好") == [("begin", 0, "", 0)]
-    assert s.take("。") == []  # ends only when the next one begins (or the text ends)
-    assert s.take("”") == []  # a closing quote stays with its sentence
-    assert s.take(" Hi there!") == [("end", 0, "你好。”", 4), ("begin", 1, "", 4)]
-    # several sentences in one piece: each end counts the characters through itself
-    assert s.take("?! Ok. Go") == [("end", 1, "Hi there!?!", 15), ("begin", 2, "", 15), ("end", 2, "Ok.", 18),
-                                   ("begin", 3, "", 18)]
-    assert s.finish() == [("end", 3, "Go", 20)] and s.finish() == [] and s.take("") == []
 
 
 @pytest.fixture(scope="module")

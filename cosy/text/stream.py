@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 from cosy.text.frontend import TextFrontend
 from cosy.text.normalize import contains_chinese
-from cosy.text.split import CLOSING_QUOTES, EN_SENTENCE_ENDS, ZH_SENTENCE_ENDS
+from cosy.text.split import CLOSING_QUOTES
 
 _TAIL_CHARS = frozenset("0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz'.,:%/-")  # may continue
 
@@ -90,53 +90,4 @@ def sentence_parts(text: str) -> list[tuple[str, bool]]:
     return parts
 
 
-class Mark(NamedTuple):
-    kind: str  # "begin" | "end"
-    index: int  # the sentence's, from 0
-    text: str  # "end": the sentence; "begin": ""
-    characters: int  # characters of the sentences ended so far (this one included)
-
-
-class Sentences:
-    """The sentences of a normalized text stream as the LM takes it (for DashScope's sentence events).
-
-    `take(text)` and `finish()` return marks in order: begin when a sentence's first character is taken, end
-    when the next sentence begins or the text ends. A sentence ends after a mark of the official split rule
-    (`cosy.text.split`), with any closing quote right after it.
-    """
-
-    ENDS = ZH_SENTENCE_ENDS | EN_SENTENCE_ENDS
-
-    def __init__(self) -> None:
-        self.index = -1
-        self.current = ""  # the open sentence ("" before the first)
-        self.complete = False  # the open sentence has its end mark
-        self.characters = 0  # characters of the sentences ended so far
-
-    def take(self, text: str) -> list[Mark]:
-        marks: list[Mark] = []
-        for c in text:
-            if not self.current and c.isspace():
-                continue
-            if self.complete and c not in self.ENDS and c not in CLOSING_QUOTES:
-                marks += self.finish()
-                if c.isspace():
-                    continue
-            if not self.current:
-                self.index += 1
-                marks.append(Mark("begin", self.index, "", self.characters))
-            self.current += c
-            self.complete = self.complete or c in self.ENDS
-        return marks
-
-    def finish(self) -> list[Mark]:
-        """The end of the open sentence, if any."""
-        if not self.current:
-            return []
-        sentence, self.current, self.complete = self.current.strip(), "", False
-        self.characters += len(sentence)
-        return [Mark("end", self.index, sentence, self.characters)]
-
-
-__all__ = ["SEGMENT_ENDS", "Mark", "Released", "Sentences", "sentence_parts", "split_tail", "stream_pieces",
-           "stream_released"]
+__all__ = ["SEGMENT_ENDS", "Released", "sentence_parts", "split_tail", "stream_pieces", "stream_released"]
