@@ -12,8 +12,6 @@ from cosy.pipeline.engine import Engine
 from cosy.pipeline.request import SynthesisRequest
 from cosy.pipeline.speed import MelStretcher
 
-pytestmark = pytest.mark.quick
-
 # a number and a word cut across pieces; short sentences, as the random LM runs each to its max_len
 PIECES = ["第1", "2。好", "！ Hi wor", "ld."]
 # (pieces, seed, the sentences' text): the tiny CosyVoice3's LM draws a stop token bistream refuses with most
@@ -37,6 +35,7 @@ def run(engine: Engine, pieces: list[str], seed: int = 4, **kw) -> tuple[list, l
     return events, chunks
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("family", ["cosyvoice2", "cosyvoice3"])
 def test_duplex_marks_tile_the_audio_and_index_the_text_sent(family, tiny_model_dir, tiny_cv3_model_dir):
     engine = Engine.from_model_dir(tiny_model_dir if family == "cosyvoice2" else tiny_cv3_model_dir)
@@ -72,6 +71,7 @@ def test_duplex_marks_tile_the_audio_and_index_the_text_sent(family, tiny_model_
     assert len(plain) == len(chunks) and all(torch.equal(a, b) for a, b in zip(plain, chunks))
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("speed", [0.5, 0.8, 1.0, 1.3, 1.7, 2.0])
 def test_a_boundary_frame_is_where_the_stretcher_puts_it(speed, tiny_model_dir):
     """The mel of k tokens of one sentence, then of the next, through the real streaming stretcher in uneven
@@ -93,6 +93,7 @@ def test_a_boundary_frame_is_where_the_stretcher_puts_it(speed, tiny_model_dir):
         assert DuplexMarks(t2w, speed, None).frame(k) == first, (speed, k)
 
 
+@pytest.mark.quick
 def test_marks_at_another_speed_still_tile_the_audio(tiny_model_dir):
     engine = Engine.from_model_dir(tiny_model_dir)
     events, chunks = run(engine, PIECES[:2], speed=1.3)
@@ -100,3 +101,18 @@ def test_marks_at_another_speed_still_tile_the_audio(tiny_model_dir):
     assert len(ends) == 2 and ends[0].begin_sample == 0 and ends[-1].end_sample == sum(c.numel() for c in chunks)
     assert ends[0].end_sample == ends[1].begin_sample
     assert ends[1].begin_sample % engine.t2w.samples_per_frame == 0  # on a frame of the stretched mel
+
+
+def test_marks_across_several_token2wav_streams(tiny_model_dir):
+    """A flow noise table that holds one sentence's tokens: each sentence is a stream of its own
+    (tests/test_duplex_long.py); the marks follow the streams' audio, each sentence 40 tokens of 960 samples."""
+    from test_duplex_long import SAMPLES_PER_TOKEN, SENTENCES, cut_noise, frames_for
+
+    engine = Engine.from_model_dir(tiny_model_dir)
+    cut_noise(engine, frames_for(engine, 60))
+    events, chunks = run(engine, SENTENCES)
+    ends = [s for kind, s in events if kind == "end"]
+    step = 40 * SAMPLES_PER_TOKEN
+    assert [(s.begin_sample, s.end_sample) for s in ends] == [(i * step, (i + 1) * step) for i in range(3)]
+    assert sum(c.numel() for c in chunks) == 3 * step
+    assert [(s.begin_index, s.end_index) for s in ends] == [(0, 3), (3, 6), (6, 9)]
