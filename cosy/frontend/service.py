@@ -42,6 +42,7 @@ from cosy.pipeline.request import (
 )
 from cosy.pipeline.timing import SentenceMark, SentenceTiming
 from cosy.service.workers import JobTrace, WorkerPool
+from cosy.text.language import check_family_language
 from cosy.text.lexicon import request_fixes
 from cosy.text.ssml_text import spoken_runs
 
@@ -103,13 +104,14 @@ class FrontendService:
         """Checked, with a saved voice's stored features in place of `voice_id` (no ONNX work per request;
         mode 'voice' also takes the voice's transcript as prompt text)."""
         req.check()
+        check_family_language(req.language, self.family.name, self.family.display_name)
         if req.word_timestamps and not self.pool.spec.aligner:
             raise SynthesisError(WORDS_NEED_ALIGNER)
         # pronunciation fixes: the request's hot_fix and the shared lexicon, as read now (`request_fixes`)
         req = replace(req, fixes=request_fixes(req.hot_fix, self.data.lexicon.entries(), self.family.phoneme_tags,
                                                None if req.duplex else req.text, req.ssml))
         if (req.ssml or req.fixes) and not req.duplex:  # what the workers' family cannot read (<phoneme> on
-            spoken_runs(req.ssml_document(), self.family.phoneme_tags)  # CosyVoice2) is a 400 now, not mid-stream
+            spoken_runs(req.ssml_document(), self.family.phoneme_tags, req.language)  # CosyVoice2) is a 400 now
         if req.mode not in SERVED_MODES:
             raise SynthesisError(f"unknown mode {req.mode!r} (choose from {', '.join(SERVED_MODES)})")
         if req.mode == "voice" and not req.voice_id:

@@ -48,8 +48,10 @@ from cosy.pipeline.token2wav import FlowPrompt, Token2Wav, load_token2wav
 from cosy.pipeline.token2wav_stream import stream_room
 from cosy.prompt.encoder import PromptFeatures, VoicePromptEncoder
 from cosy.speech.scheduler import Batch
+from cosy.text.control import plain_text, streamed_text
 from cosy.text.fixed_stream import fixed_released
 from cosy.text.frontend import TextFrontend
+from cosy.text.language import check_family_language
 from cosy.text.offsets import segment_spans, strip_prefix
 from cosy.text.ssml import Break
 from cosy.text.ssml_text import spoken_runs
@@ -154,6 +156,7 @@ class Engine:
         "end" mark after its last one is (`cosy.pipeline.timing`): each text segment the LM speaks is a
         sentence, its samples counted exactly, its span of the caller's text (`req.text`; SSML: the
         document's text content) found by `cosy.text.offsets`. The marks change nothing spoken."""
+        req = self._text_controls(req)
         clock = SentenceClock(req.text, self.sample_rate, on_mark)
         chunks = self._synthesize(req, clock)
         try:
@@ -182,6 +185,15 @@ class Engine:
                                     speech))
         yield from self._speak(inputs, flow_prompt, req, seed, clock=clock,
                                spans=self._spans(req, req.text, inputs, clock))
+
+    def _text_controls(self, req: SynthesisRequest) -> SynthesisRequest:
+        """`req` with its plain text filtered (markdown) and its numbers read in its hint's language
+        (`cosy.text.control`); the family must speak that language. Sentence spans are into this text."""
+        req.check()
+        check_family_language(req.language, self.family.name, self.family.display_name)
+        if req.ssml or req.mode == "vc" or req.duplex or not (req.markdown or req.language):
+            return req
+        return dataclasses.replace(req, text=plain_text(req.text, req.language, req.markdown))
 
     def _spans(self, req: SynthesisRequest, text: str, inputs: LMInput,
                clock: SentenceClock) -> list[tuple[int, int]]:
@@ -228,7 +240,7 @@ class Engine:
         req = dataclasses.replace(req, speed=req.speed * doc.speed, ssml=False)
         # all of them first: what can never be spoken fails before any audio
         parts: list[Break | tuple[LMInput, list[tuple[int, int]]]] = []
-        for part in spoken_runs(doc, self.family.phoneme_tags):
+        for part in spoken_runs(doc, self.family.phoneme_tags, req.language):
             if isinstance(part, Break):
                 parts.append(part)
                 continue
@@ -266,6 +278,7 @@ class Engine:
         offsets into the pieces as sent, joined (`cosy.pipeline.duplex_marks`: a chunk that holds a segment
         boundary comes in two pieces, with or without `on_mark`)."""
         req.check()
+        check_family_language(req.language, self.family.name, self.family.display_name)
         if not req.duplex:
             raise SynthesisError("synthesize_duplex needs a duplex request")
         seed = req.seed if req.seed is not None else random.randrange(2**31)
@@ -276,6 +289,7 @@ class Engine:
                                                    req.instruct_text, features.speech_tokens.flatten().tolist())
         caller = CallerText()
         marks = DuplexMarks(self.t2w, req.speed, caller, on_mark)
+        pieces = streamed_text(pieces, req.language, req.markdown)  # markdown filtered, numbers in the hint's language
         decoded = ((i, bistream_decode(marks.segment(i, segment), prompt_text_ids, prompt_speech,
                                        self._bistream_steps(req, seed + i), self.family))
                    for i, segment in enumerate(self._segments(caller.record(pieces), on_text, req.fixes)))

@@ -21,6 +21,7 @@ from typing import Any
 
 from cosy.errors import BadRequest, clip, echo
 from cosy.prompt.encoder import PromptFeatures
+from cosy.text.language import check_language
 from cosy.text.lexicon import Entry, fix_items, plain_document
 from cosy.text.ssml import Ssml, parse
 
@@ -88,6 +89,10 @@ class SynthesisRequest:
     # and the shared lexicon's entries, `cosy.text.lexicon.ordered`; the frontend resolves it, `resolve_fixes`)
     hot_fix: tuple[Entry, ...] = ()
     fixes: tuple[Entry, ...] = ()
+    # language_hints' first entry (`cosy.text.language`): the language numbers, dates, times and money are read
+    # in; None, zh, en: the official path
+    language: str | None = None
+    markdown: bool = False  # enable_markdown_filter: the text is markdown, spoken as a listener should hear it
 
     def check(self) -> "SynthesisRequest":
         """Raise SynthesisError naming the first field that breaks a rule; returns self."""
@@ -101,6 +106,10 @@ class SynthesisRequest:
         check_speed(self.speed)
         check_seed(self.seed)
         check_priority(self.priority)
+        self.language = check_language(self.language)
+        if self.markdown and self.ssml:
+            raise SynthesisError("enable_markdown_filter applies to plain text; an SSML document (enable_ssml) "
+                                 "says what to speak itself: turn one of them off")
         if self.mode == "vc" and self.duplex:
             raise SynthesisError("mode 'vc' has no text to stream")
         if self.mode != "vc" and not self.duplex:  # duplex: the pieces are checked as they arrive

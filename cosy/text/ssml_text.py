@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 from cosy.errors import BadRequest, echo
 from cosy.text import readings
+from cosy.text.language import localize
 from cosy.text.normalize import contains_chinese
 from cosy.text.specials import PHONEMES
 from cosy.text.split import is_only_punctuation
@@ -85,8 +86,8 @@ def spoken_runs(doc: Ssml, phoneme_tags: bool, language: str | None = None) -> l
             run = Run(begin=at, end=at)
             continue
         run.end = at
-        if isinstance(item, Text):
-            run.pieces.append(("text", item.text))
+        if isinstance(item, Text):  # (a hint beyond zh and en: its numbers in that language)
+            run.pieces.append(("text", localize(item.text, language)))
         elif isinstance(item, SayAs):
             run.pieces.append(("text", say_as(item, lang)))
         elif isinstance(item, Phoneme):
