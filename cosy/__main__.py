@@ -56,6 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hot_fix", default="", metavar="JSON", help="pronunciation fixes, the managed service's "
                    "shape: '{\"pronunciation\": [{\"重庆\": \"chong2 qing4\"}], \"replace\": [{\"WHO\": "
                    "\"世界卫生组织\"}]}' (before DATA_DIR/lexicon.tsv's entries, which apply too; docs: text control)")
+    p.add_argument("--language_hints", default=None, metavar="LANG", help="the text's language (zh, en, de, es, fr, "
+                   "it, ru, ja, ko): numbers, dates, times and money read in it (docs: text control)")
+    p.add_argument("--enable_markdown_filter", action="store_true", help="--text is markdown: spoken as a "
+                   "listener should hear it (docs: text control)")
     p.add_argument("--greedy", action="store_true", help="argmax decoding instead of RAS sampling "
                    "(to compare the embedded LM with a backend)")
     p.add_argument("--ttsfrd_dir", help="CosyVoice-ttsfrd resource dir (text normalization; wetext otherwise)")
@@ -158,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
                                prompt_wav=args.prompt_wav, instruct_text=args.instruct_text,
                                voice=voice.features if voice else None, source_wav=args.source_wav,
                                stream=args.stream, speed=args.speed, seed=args.seed,
-                               greedy=args.greedy, ssml=args.ssml)
+                               greedy=args.greedy, ssml=args.ssml, language=args.language_hints,
+                               markdown=args.enable_markdown_filter)
         req.fixes = request_fixes(parse_hot_fix(args.hot_fix, "--hot_fix"), _lexicon(Path(args.data_dir)),
                                   engine.family.phoneme_tags, req.text, req.ssml)
         if voice is not None:

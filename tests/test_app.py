@@ -22,11 +22,13 @@ ROOT = Path(__file__).resolve().parents[1]
 ZS_WAV = str(ASSETS / "zero_shot_prompt.wav")
 CL_WAV = str(ASSETS / "cross_lingual_prompt.wav")
 ZS_TEXT = "希望你以后能够做的比我还好呦。"
+TRAILING = ["hot_fix", "language_hints", "enable_markdown_filter"]
 ENDPOINTS = {
-    "/zero_shot": ["tts_text", "prompt_text", "prompt_wav", "seed", "speed", "enable_ssml"],
-    "/cross_lingual": ["tts_text", "prompt_wav", "seed", "speed", "enable_ssml"],
-    "/instruct": ["tts_text", "instruct_text", "prompt_wav", "seed", "speed", "enable_ssml"],
-    "/saved_voice": ["tts_text", "voice_id", "seed", "speed", "enable_ssml"],
+    # later parameters trail with defaults (a call without them works as before): hot_fix, then the text controls
+    "/zero_shot": ["tts_text", "prompt_text", "prompt_wav", "seed", "speed", "enable_ssml", *TRAILING],
+    "/cross_lingual": ["tts_text", "prompt_wav", "seed", "speed", "enable_ssml", *TRAILING],
+    "/instruct": ["tts_text", "instruct_text", "prompt_wav", "seed", "speed", "enable_ssml", *TRAILING],
+    "/saved_voice": ["tts_text", "voice_id", "seed", "speed", "enable_ssml", *TRAILING],
     "/save_voice": ["voice_id", "prompt_text", "prompt_wav"],
     "/list_voices": [],
     "/speak_with_timestamps": ["tts_text", "mode", "voice_id", "prompt_wav", "prompt_text", "instruct_text", "seed",

@@ -37,12 +37,14 @@ from cosy.pipeline.request import (
     check_range,
 )
 from cosy.pipeline.subtitles import FORMATS as SUBTITLE_FORMATS
+from cosy.text.language import check_language
 from cosy.text.lexicon import parse_hot_fix
 
 # ids become file names: 1-128 of [A-Za-z0-9_.-], starting with a letter or digit
 ITEM_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 FIELDS = ("id", "text", "mode", "voice_id", "prompt_wav", "prompt_text", "instruct_text", "speed", "seed",
-          "format", "sample_rate", "ssml", "hot_fix", "subtitles")
+          "format", "sample_rate", "ssml", "hot_fix", "language_hints", "enable_markdown_filter",
+          "subtitles")
 MAX_LINE_BYTES = 1 << 20  # a line holds at most 20,000 characters of text and a few short fields
 SHOWN = 100  # characters of a value a message quotes
 
@@ -204,16 +206,22 @@ def _item(obj: dict, item_id: str, number: int, base: Path, default_rate: int, p
     ssml = obj.get("ssml", False)
     if not isinstance(ssml, bool):
         raise SynthesisError(f"ssml must be true or false, got {shown(ssml)}")
+    markdown = obj.get("enable_markdown_filter", False)
+    if not isinstance(markdown, bool):
+        raise SynthesisError(f"enable_markdown_filter must be true or false, got {shown(markdown)}")
     seed = obj.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise SynthesisError(f"seed must be a whole number, got {shown(seed)}")
     req = SynthesisRequest(mode=mode, text=obj.get("text") or "", prompt_text=obj.get("prompt_text") or "",
                            prompt_wav=prompt_wav, instruct_text=obj.get("instruct_text") or "",
                            voice_id=voice_id, speed=speed, seed=seed, ssml=ssml,
-                           hot_fix=parse_hot_fix(obj.get("hot_fix"))).check()
+                           hot_fix=parse_hot_fix(obj.get("hot_fix")),
+                           language=check_language(obj.get("language_hints")), markdown=markdown).check()
     asked = {"mode": mode, "text": req.text, "prompt_text": req.prompt_text, "instruct_text": req.instruct_text,
              "voice_id": voice_id, "prompt": prompt_digest, "speed": float(speed), "seed": seed, "ssml": ssml,
              "format": fmt, "sample_rate": rate}
+    if req.language or req.markdown:  # (as hot_fix: a line without them keeps its digest)
+        asked.update(language_hints=req.language, enable_markdown_filter=req.markdown)
     if req.hot_fix:  # (a line without one keeps the digest it had before the field existed)
         asked["hot_fix"] = [e.to_dict() for e in req.hot_fix]
     if subtitles:  # (as hot_fix) a line asking for subtitles is redone; its record holds the sentences

@@ -207,6 +207,12 @@ def _synthesize(service: FrontendService, mode: str, seed: object, speed: object
         return FileData(path=wav_file(result.audio, result.sample_rate, f"cosy-{mode}"))
 
 
+def _text_controls(language_hints: object, markdown: object) -> dict:
+    """The request fields of the trailing `language_hints` ("" none; "de", or a list) and
+    `enable_markdown_filter` parameters (docs/api/text-control.md)."""
+    return {"language": language_hints or None, "markdown": bool(markdown)}
+
+
 # `/speak_with_timestamps`'s modes, named as the endpoints of each mode -> the service's modes
 TIMED_MODES = {"zero_shot": "zero_shot", "cross_lingual": "cross_lingual", "instruct": "instruct",
                "saved_voice": "voice"}
@@ -263,37 +269,47 @@ def register(service: FrontendService) -> None:
 
     def zero_shot(tts_text: str, prompt_text: str, prompt_wav: FileData, seed: int = 0,
                   speed: float = 1.0, enable_ssml: bool = False, hot_fix: str = "",
+                  language_hints: str = "", enable_markdown_filter: bool = False,
                   request: gr.Request = None) -> FileData:
         """3s极速复刻 Zero-shot clone: speak tts_text in the voice of prompt_wav (3-30 s), whose transcript
         is prompt_text. Returns a 24 kHz wav."""
         with left_watch(blocks, request, "zero_shot") as left:
             return _synthesize(service, "zero_shot", seed, speed, prompt_wav, left, hot_fix, text=tts_text,
-                               prompt_text=prompt_text, ssml=bool(enable_ssml))
+                               prompt_text=prompt_text, ssml=bool(enable_ssml),
+                               **_text_controls(language_hints, enable_markdown_filter))
 
     def cross_lingual(tts_text: str, prompt_wav: FileData, seed: int = 0, speed: float = 1.0,
-                      enable_ssml: bool = False, hot_fix: str = "", request: gr.Request = None) -> FileData:
+                      enable_ssml: bool = False, hot_fix: str = "",
+                      language_hints: str = "", enable_markdown_filter: bool = False,
+                      request: gr.Request = None) -> FileData:
         """跨语种复刻 Cross-lingual: the voice of prompt_wav (any language, no transcript) speaking tts_text.
         Returns a 24 kHz wav."""
         with left_watch(blocks, request, "cross_lingual") as left:
             return _synthesize(service, "cross_lingual", seed, speed, prompt_wav, left, hot_fix, text=tts_text,
-                               ssml=bool(enable_ssml))
+                               ssml=bool(enable_ssml),
+                               **_text_controls(language_hints, enable_markdown_filter))
 
     def instruct(tts_text: str, instruct_text: str, prompt_wav: FileData, seed: int = 0,
                  speed: float = 1.0, enable_ssml: bool = False, hot_fix: str = "",
+                 language_hints: str = "", enable_markdown_filter: bool = False,
                  request: gr.Request = None) -> FileData:
         """自然语言控制 Instruct: the voice of prompt_wav speaking tts_text as instruct_text asks (e.g.
         用四川话说这句话, Speak slowly and softly). Returns a 24 kHz wav."""
         with left_watch(blocks, request, "instruct") as left:
             return _synthesize(service, "instruct", seed, speed, prompt_wav, left, hot_fix, text=tts_text,
-                               instruct_text=instruct_text, ssml=bool(enable_ssml))
+                               instruct_text=instruct_text, ssml=bool(enable_ssml),
+                               **_text_controls(language_hints, enable_markdown_filter))
 
     def saved_voice(tts_text: str, voice_id: str, seed: int = 0, speed: float = 1.0,
-                    enable_ssml: bool = False, hot_fix: str = "", request: gr.Request = None) -> FileData:
+                    enable_ssml: bool = False, hot_fix: str = "",
+                    language_hints: str = "", enable_markdown_filter: bool = False,
+                    request: gr.Request = None) -> FileData:
         """预设音色 Saved voice: speak tts_text with a voice saved earlier (/save_voice). Returns a 24 kHz
         wav."""
         with left_watch(blocks, request, "saved_voice") as left:
             return _synthesize(service, "voice", seed, speed, None, left, hot_fix, text=tts_text, voice_id=voice_id,
-                               ssml=bool(enable_ssml))
+                               ssml=bool(enable_ssml),
+                               **_text_controls(language_hints, enable_markdown_filter))
 
     def save_voice(voice_id: str, prompt_text: str, prompt_wav: FileData, request: gr.Request = None) -> dict:
         """Save prompt_wav and its transcript as voice voice_id, shared by every frontend on this data

@@ -50,6 +50,7 @@ from cosy.frontend.encoding import FORMATS, MEDIA_TYPES
 from cosy.frontend.reference_audio import ReferenceAudios
 from cosy.frontend.service import FrontendService
 from cosy.frontend.speech_stream import Piece, SpeechRequest, open_speech, until_disconnected
+from cosy.frontend.text_params import TextControls, language_of
 from cosy.pipeline.request import PRIORITIES, SEED_RANGE, SPEED_RANGE, SynthesisRequest
 from cosy.pipeline.timing import SentenceMark
 from cosy.text.lexicon import parse_hot_fix
@@ -61,7 +62,7 @@ class VoiceId(BaseModel):
     id: str = Field(min_length=1)
 
 
-class OpenAISpeech(BaseModel):
+class OpenAISpeech(TextControls):  # (with language_hints and enable_markdown_filter, extensions)
     model_config = ConfigDict(extra="ignore")
     model: str = Field(min_length=1)
     input: str = Field(min_length=1)
@@ -150,7 +151,8 @@ def build_openai_router(service: FrontendService, refs: ReferenceAudios, depende
                                      instruct_text=instruct, speed=speed, seed=body.seed, stream=True,
                                      ssml=body.enable_ssml, priority=body.priority,
                                      hot_fix=parse_hot_fix(body.hot_fix),
-                                     word_timestamps=body.word_timestamp_enabled)
+                                     word_timestamps=body.word_timestamp_enabled, language=language_of(body),
+                                     markdown=bool(body.enable_markdown_filter))
         req = SpeechRequest(synthesis, "openai", fmt=body.response_format, sample_rate=service.sample_rate)
         pieces = await open_speech(service, refs, req, received, request)  # a client leaving cancels the job
         headers = {"X-Request-Id": request_id, "X-Cosy-Speed": f"{speed:g}"}

@@ -49,7 +49,7 @@ from typing import Literal
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
@@ -59,6 +59,7 @@ from cosy.frontend.encoding import FORMATS
 from cosy.frontend.reference_audio import PCM_DEFAULT_RATE, ReferenceAudios
 from cosy.frontend.service import FrontendService
 from cosy.frontend.speech_stream import Piece, SpeechRequest, open_speech, until_disconnected
+from cosy.frontend.text_params import TextControls
 from cosy.pipeline.request import (
     LIMIT_RANGE,
     PCM_RATE_RANGE,
@@ -71,6 +72,7 @@ from cosy.pipeline.request import (
     check_range,
 )
 from cosy.pipeline.timing import SentenceMark
+from cosy.text.language import check_language
 from cosy.text.lexicon import parse_hot_fix
 
 # PAI's mode names -> ours; fast_replication uses the reference audio's stored transcript (our mode 'voice')
@@ -107,7 +109,7 @@ def parse_bit_rate(value: object, where: str = "bit_rate") -> int | None:
     return value
 
 
-class PaiOptions(BaseModel):
+class PaiOptions(TextControls):
     """How to synthesize and encode: published inside `input`; our earlier layout had them at the top level.
     None = not given here."""
     model_config = ConfigDict(extra="ignore")
@@ -139,7 +141,8 @@ class PaiOptions(BaseModel):
 
 OPTION_DEFAULTS = {"sample_rate": 24000, "bit_rate": DEFAULT_BIT_RATE, "volume": 1.0, "speed": 1.0,
                    "output_format": "wav", "debug": False, "seed": None, "enable_ssml": False, "priority": None,
-                   "hot_fix": None, "sentence_timestamp_enabled": False, "word_timestamp_enabled": False}
+                   "hot_fix": None, "sentence_timestamp_enabled": False, "word_timestamp_enabled": False,
+                   "language_hints": None, "enable_markdown_filter": False}
 
 
 class PaiInput(PaiOptions):
@@ -282,7 +285,9 @@ def build_pai_router(service: FrontendService, refs: ReferenceAudios, dependenci
                                      instruct_text=inp.instruct, speed=o["speed"], seed=o["seed"],
                                      stream=body.stream, ssml=o["enable_ssml"], priority=o["priority"],
                                      hot_fix=parse_hot_fix(o["hot_fix"], "input.hot_fix"),
-                                     word_timestamps=bool(words))
+                                     word_timestamps=bool(words),
+                                     language=check_language(o["language_hints"], "input.language_hints"),
+                                     markdown=bool(o["enable_markdown_filter"]))
         req = SpeechRequest(synthesis, "pai", fmt=o["output_format"], sample_rate=o["sample_rate"],
                             bit_rate=o["bit_rate"], volume=o["volume"])
         pieces = await open_speech(service, refs, req, received, request)  # a client leaving cancels the job

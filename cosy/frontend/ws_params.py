@@ -27,6 +27,7 @@ from cosy.errors import BadRequest
 from cosy.frontend.encoding import FORMATS
 from cosy.frontend.pai_api import DEFAULT_BIT_RATE, MODES, PaiOptions, parse_bit_rate
 from cosy.frontend.speech_stream import SpeechRequest
+from cosy.frontend.text_params import TextControls, language_of
 from cosy.pipeline.request import PRIORITIES, SAMPLE_RATE_RANGE, SEED_RANGE, SPEED_RANGE, SynthesisRequest
 from cosy.text.lexicon import parse_hot_fix
 
@@ -63,7 +64,7 @@ class PaiTaskParameters(TimestampParameters, PaiOptions):
     binary_audio: bool = False
 
 
-class DashScopeParameters(TimestampParameters):
+class DashScopeParameters(TimestampParameters, TextControls):
     model_config = ConfigDict(extra="ignore")
     voice: str = Field(min_length=1)
     format: Literal[FORMATS + ("Default", "default")] = "mp3"  # the SDK's AudioFormat.DEFAULT sends "Default"
@@ -100,7 +101,8 @@ class Dialect:
         synthesis = SynthesisRequest(mode=mode, voice_id=p.reference_audio_id, instruct_text=p.instruct,
                                      speed=p.speed or 1.0, seed=p.seed, stream=True, duplex=True,
                                      priority=p.priority, hot_fix=parse_hot_fix(p.hot_fix, "parameters.hot_fix"),
-                                     word_timestamps=bool(p.timestamps()))
+                                     word_timestamps=bool(p.timestamps()),
+                                     language=language_of(p, "parameters."), markdown=bool(p.enable_markdown_filter))
         speech = SpeechRequest(synthesis, "pai", fmt=p.output_format or "wav", sample_rate=p.sample_rate or 24000,
                                bit_rate=parse_bit_rate(p.bit_rate or DEFAULT_BIT_RATE),
                                volume=1.0 if p.volume is None else p.volume)
@@ -121,7 +123,8 @@ class DashScopeDialect(Dialect):
         synthesis = SynthesisRequest(mode="voice", voice_id=p.voice, speed=p.rate, seed=p.seed, stream=True,
                                      duplex=True, priority=p.priority,
                                      hot_fix=parse_hot_fix(p.hot_fix, "parameters.hot_fix"),
-                                     word_timestamps=bool(p.timestamps()))
+                                     word_timestamps=bool(p.timestamps()),
+                                     language=language_of(p, "parameters."), markdown=bool(p.enable_markdown_filter))
         return TaskParams(SpeechRequest(synthesis, "pai", fmt=fmt, sample_rate=rate,
                                         volume=p.volume / 50), True, p.enable_ssml, plain_ok=True,
                           timestamps=p.timestamps())

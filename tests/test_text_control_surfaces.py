@@ -1,0 +1,121 @@
+"""Language hints and the markdown filter on the real surfaces (tests/http_stack.py: a CosyVoice2 tiny-model
+frontend): the PAI and OpenAI routes take `language_hints` and `enable_markdown_filter` (the same audio as the
+hand-written text; unknown hints a 400 naming the field and the choices; CosyVoice2 refuses German), and the
+real dashscope SDK sends both in run-task over our WebSocket (the sentences it is told of are the filtered
+markdown, released block by block)."""
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+from http_stack import KEY, _error
+from test_ws import ws_url
+
+MARKDOWN = "# Hello\n\nOne **two** [three](http://x.y)."
+SPOKEN = "Hello. One two three."
+
+
+def _pai(stack, text: str, **options) -> httpx.Response:
+    body = {"model": "CosyVoice2-0.5B", "stream": False,
+            "input": {"mode": "fast_replication", "text": text, "reference_audio_id": stack.ref,
+                      "output_format": "pcm", "seed": 5, **options}}
+    return httpx.post(f"{stack.url}/api/v1/audio/speech", json=body, timeout=300)
+
+
+def test_pai_markdown_and_hints_speak_the_hand_written_text(stack):
+    want = _pai(stack, SPOKEN)
+    assert want.status_code == 200, want.text
+    got = _pai(stack, MARKDOWN, enable_markdown_filter=True, language_hints=["en"])
+    assert got.status_code == 200, got.text
+    assert got.json()["output"]["audio"]["data"] == want.json()["output"]["audio"]["data"]
+
+
+def test_unknown_and_unspoken_hints_are_400s_naming_the_field(stack):
+    _error(_pai(stack, "x", language_hints=["xx"]), 400, "invalid_request_error", "input.language_hints",
+           "unknown language 'xx'", "zh, en, de")
+    _error(_pai(stack, "x", language_hints=["de"]), 400, "invalid_request_error", "language_hints",
+           "does not speak 'de'")
+    _error(_pai(stack, "<speak>x</speak>", enable_ssml=True, enable_markdown_filter=True), 400,
+           "invalid_request_error", "enable_markdown_filter")
+    r = httpx.post(f"{stack.url}/v1/audio/speech", json={"model": "tts-1", "voice": stack.ref, "input": "x",
+                                                         "language_hints": ["klingon"]}, timeout=60)
+    _error(r, 400, "invalid_request_error", "language_hints", "unknown language 'klingon'")
+
+
+def test_openai_route_filters_markdown(stack):
+    def speak(text: str, **extra) -> bytes:
+        r = httpx.post(f"{stack.url}/v1/audio/speech", json={"model": "tts-1", "voice": stack.ref, "input": text,
+                                                             "response_format": "pcm", "seed": 5, **extra},
+                       timeout=300)
+        assert r.status_code == 200, r.text
+        return r.content
+    assert speak(MARKDOWN, enable_markdown_filter=True, language_hints=["en"]) == speak(SPOKEN)
+
+
+def test_dashscope_sdk_sends_language_hints_and_the_markdown_filter(stack):
+    import dashscope
+    from dashscope.audio.tts_v2 import AudioFormat, ResultCallback, SpeechSynthesizer
+
+    class Callback(ResultCallback):
+        def __init__(self):
+            self.audio, self.events, self.completed, self.error = bytearray(), [], False, None
+
+        def on_data(self, data: bytes) -> None:
+            self.audio.extend(data)
+
+        def on_event(self, message: str) -> None:
+            self.events.append(json.loads(message))
+
+        def on_complete(self) -> None:
+            self.completed = True
+
+        def on_error(self, message) -> None:
+            self.error = str(message)
+
+    dashscope.base_websocket_api_url = ws_url(stack, "/api-ws/v1/inference", keyed=True)
+    dashscope.api_key = KEY
+    cb = Callback()
+    synth = SpeechSynthesizer(model="cosyvoice-v2", voice=stack.ref, format=AudioFormat.PCM_24000HZ_MONO_16BIT,
+                              language_hints=["zh"], additional_params={"enable_markdown_filter": True},
+                              callback=cb)
+    for piece in ["## 你", "好\n\n**今天**", "天气*很好*。\n"]:
+        synth.streaming_call(piece)
+    synth.streaming_complete(complete_timeout_millis=300_000)
+    assert cb.completed and len(cb.audio) > 0
+    ends = [e["payload"]["output"] for e in cb.events if e["payload"]["output"]["type"] == "sentence-end"]
+    assert "".join(o["original_text"] for o in ends).replace(" ", "") == "你好。今天天气很好。"
+
+    cb = Callback()
+    synth = SpeechSynthesizer(model="cosyvoice-v2", voice=stack.ref, format=AudioFormat.PCM_24000HZ_MONO_16BIT,
+                              language_hints=["xx"], callback=cb)
+    with pytest.raises(Exception):
+        synth.streaming_call("你好。")
+        synth.streaming_complete(complete_timeout_millis=60_000)
+    assert cb.error is None or "language_hints" in cb.error
+
+
+@pytest.mark.quick
+def test_batch_lines_take_the_fields_and_name_bad_ones(tmp_path):
+    from cosy.batch.manifest import BadLine, parse_line
+
+    def line(**fields):
+        return parse_line(json.dumps({"id": "a", "text": "# Hi", "voice_id": "v", **fields}), 1, tmp_path, 24000)
+
+    plain, marked = line(), line(language_hints=["de"], enable_markdown_filter=True)
+    assert marked.request.language == "de" and marked.request.markdown and plain.request.language is None
+    assert marked.digest != plain.digest  # a changed control redoes the line
+    for fields, words in (({"language_hints": ["xx"]}, "language_hints: unknown language 'xx'"),
+                          ({"enable_markdown_filter": "yes"}, "enable_markdown_filter must be true or false")):
+        bad = line(**fields)
+        assert isinstance(bad, BadLine) and words in bad.error, bad
+
+
+@pytest.mark.quick
+def test_cli_has_the_flags():
+    from cosy.__main__ import build_parser
+
+    args = build_parser().parse_args(["--model_dir", "m", "--out", "o.wav", "--mode", "cross_lingual", "--text", "# x",
+                                      "--language_hints", "de",
+                                      "--enable_markdown_filter"])
+    assert args.language_hints == "de" and args.enable_markdown_filter
