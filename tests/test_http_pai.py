@@ -371,7 +371,9 @@ def test_each_option_is_read_inside_input_and_at_the_top_level():
     top level, the default when absent (one field once read only at the top level lost the published form)."""
     from cosy.frontend.pai_api import OPTION_DEFAULTS, PaiSpeech, parse_bit_rate, resolve_options
     given = {"sample_rate": 16000, "bit_rate": "64k", "volume": 0.5, "speed": 1.5, "output_format": "mp3",
-             "debug": True, "seed": 7, "enable_ssml": True, "priority": "bulk"}
+             "debug": True, "seed": 7, "enable_ssml": True, "priority": "bulk",
+             "hot_fix": {"replace": [{"WHO": "世界卫生组织"}]}, "sentence_timestamp_enabled": True,
+             "word_timestamp_enabled": True, "language_hints": ["de"], "enable_markdown_filter": True}
     assert given.keys() == OPTION_DEFAULTS.keys()  # a new option is added here too
     base = {"mode": "fast_replication", "text": "你好。", "reference_audio_id": "r"}
     for name, value in given.items():
