@@ -119,3 +119,42 @@ def test_cli_has_the_flags():
                                       "--language_hints", "de",
                                       "--enable_markdown_filter"])
     assert args.language_hints == "de" and args.enable_markdown_filter
+
+
+def _dashscope_audio(stack, text: str, **params) -> bytes:
+    """The audio of one DashScope task sent by the real dashscope SDK, `params` as its additional parameters."""
+    import dashscope
+    from dashscope.audio.tts_v2 import AudioFormat, ResultCallback, SpeechSynthesizer
+
+    class Callback(ResultCallback):
+        def __init__(self):
+            self.audio, self.completed, self.error = bytearray(), False, None
+
+        def on_data(self, data: bytes) -> None:
+            self.audio.extend(data)
+
+        def on_complete(self) -> None:
+            self.completed = True
+
+        def on_error(self, message) -> None:
+            self.error = str(message)
+
+    dashscope.base_websocket_api_url = ws_url(stack, "/api-ws/v1/inference", keyed=True)
+    dashscope.api_key = KEY
+    cb = Callback()
+    synth = SpeechSynthesizer(model="cosyvoice-v2", voice=stack.ref, format=AudioFormat.PCM_24000HZ_MONO_16BIT,
+                              additional_params={"seed": 9, **params}, callback=cb)
+    synth.streaming_call(text)
+    synth.streaming_complete(complete_timeout_millis=300_000)
+    assert cb.completed and cb.error is None, cb.error
+    return bytes(cb.audio)
+
+
+def test_dashscope_sdk_sends_hot_fix_and_hears_the_hand_written_text(stack):
+    """hot_fix in run-task's parameters, as the SDK sends additional parameters: the replacement is spoken
+    exactly as the text written with it by hand (same seed, same audio bytes)."""
+    want = _dashscope_audio(stack, "世界卫生组织的总部在日内瓦。")
+    got = _dashscope_audio(stack, "WHO的总部在日内瓦。", hot_fix={"replace": [{"WHO": "世界卫生组织"}]})
+    assert len(want) > 0 and got == want
+    other = _dashscope_audio(stack, "WHO的总部在日内瓦。")
+    assert other != want  # (the fix made the difference)
