@@ -13,7 +13,8 @@ stream's last sample. A chunk that holds a boundary is cut there (the same sampl
 chunk belongs to one sentence and marks come between chunks: "begin" before a sentence's first chunk, "end"
 after its last.
 
-Offsets index the caller's text: the pieces as sent, joined (`CallerText`). Each LM text id carries the span
+Offsets index the caller's text: the pieces as sent, joined (`CallerText`), through the maps of the text controls
+that rewrote them (markdown, a language hint: `cosy.text.origin`). Each LM text id carries the span
 of the caller's text its part came from (`cosy.text.offsets.segment_spans` over a released run, shared by
 the part's ids in proportion where a segment is cut inside a part). While a sentence is being spoken its
 text may still be arriving: a "begin" mark holds what the LM had read of it, the "end" mark all of it.
@@ -28,30 +29,31 @@ from typing import Any
 from torch import Tensor
 
 from cosy.pipeline.timing import SentenceMark, SentenceTiming
+from cosy.text.origin import Origin, caller_span, trim
 
 
 class CallerText:
-    """The caller's text pieces as they are read (`record`), joined on demand."""
+    """The caller's text pieces as they are read (`record`), joined on demand; `origins`: the maps from the
+    text the LM reads back to them, when a text control rewrote it (`cosy.text.control.streamed_text`)."""
 
     def __init__(self) -> None:
         self._pieces: list[str] = []
         self._joined = ""
+        self.origins: list[Origin] = []
 
     def record(self, pieces: Iterable[str]) -> Iterator[str]:
         for piece in pieces:
             self._pieces.append(piece)
             yield piece
 
-    def span(self, begin: int, end: int) -> tuple[int, int, str]:
-        """(begin, end, text) of [begin, end) without blanks at either end."""
+    def span(self, begin: int, end: int, floor: int = 0) -> tuple[int, int, str]:
+        """(begin, end, text) of the caller's text that [begin, end) of the text read came from, beginning no
+        earlier than `floor` (where the sentence before ended), without blanks at either end."""
+        begin, end = caller_span(begin, end, self.origins, floor)
         if len(self._joined) < end:
             self._joined = "".join(self._pieces)
-        text = self._joined
-        while begin < end and text[begin].isspace():
-            begin += 1
-        while end > begin and text[end - 1].isspace():
-            end -= 1
-        return begin, end, text[begin:end]
+        begin, end = trim(self._joined, begin, end)
+        return begin, end, self._joined[begin:end]
 
 
 class Segment:
@@ -95,6 +97,7 @@ class DuplexMarks:
         self.stream_start = 0
         self.waiting: list[_Open] = []  # started in this stream, not begun in the audio yet (in order)
         self.current: _Open | None = None  # the sentence being spoken
+        self.floor = 0  # where the last sentence ended in the caller's text (the next one begins there or later)
 
     def segment(self, index: int, segment: Segment) -> Segment:
         self.segments[index] = segment
@@ -150,7 +153,9 @@ class DuplexMarks:
             return
         seg = self.segments.get(segment.index)
         first = seg.begin if seg is not None and seg.begin is not None else 0
-        begin, end, text = self.text.span(first, max(first, seg.end if seg is not None else 0))
+        begin, end, text = self.text.span(first, max(first, seg.end if seg is not None else 0), self.floor)
+        if kind == "end":
+            self.floor = end
         self.emit(SentenceMark(kind, SentenceTiming(segment.index, text, begin, end, segment.begin, end_sample,
                                                     self.rate)))
 

@@ -48,11 +48,13 @@ from cosy.pipeline.token2wav import FlowPrompt, Token2Wav, load_token2wav
 from cosy.pipeline.token2wav_stream import stream_room
 from cosy.prompt.encoder import PromptFeatures, VoicePromptEncoder
 from cosy.speech.scheduler import Batch
-from cosy.text.control import plain_text, streamed_text
+from cosy.text.control import plain_text_origin, streamed_text
 from cosy.text.fixed_stream import fixed_released
 from cosy.text.frontend import TextFrontend
 from cosy.text.language import check_family_language
+from cosy.text.lexicon import document_origin
 from cosy.text.offsets import segment_spans, strip_prefix
+from cosy.text.origin import Origin, caller_spans
 from cosy.text.ssml import Break
 from cosy.text.ssml_text import spoken_runs
 from cosy.text.stream import sentence_parts, stream_released
@@ -156,8 +158,10 @@ class Engine:
         "end" mark after its last one is (`cosy.pipeline.timing`): each text segment the LM speaks is a
         sentence, its samples counted exactly, its span of the caller's text (`req.text`; SSML: the
         document's text content) found by `cosy.text.offsets`. The marks change nothing spoken."""
-        req = self._text_controls(req)
-        clock = SentenceClock(req.text, self.sample_rate, on_mark)
+        caller = req.text
+        req, origins = self._text_controls(req)
+        clock = SentenceClock(caller, self.sample_rate, on_mark)
+        clock.origins = origins
         chunks = self._synthesize(req, clock)
         try:
             for chunk in chunks:
@@ -183,21 +187,25 @@ class Engine:
             return
         inputs = self._fit(lm_input(self.text, self.family, req.mode, req.text, req.prompt_text, req.instruct_text,
                                     speech))
-        yield from self._speak(inputs, flow_prompt, req, seed, clock=clock,
-                               spans=self._spans(req, req.text, inputs, clock))
+        spans = self._spans(req, req.text, inputs, clock)
+        if clock.wanted:  # into the caller's text, through the text controls' rewrites
+            spans = caller_spans(spans, clock.origins, clock.text)
+        yield from self._speak(inputs, flow_prompt, req, seed, clock=clock, spans=spans)
 
-    def _text_controls(self, req: SynthesisRequest) -> SynthesisRequest:
+    def _text_controls(self, req: SynthesisRequest) -> tuple[SynthesisRequest, list[Origin]]:
         """`req` with its plain text filtered (markdown) and its numbers read in its hint's language
-        (`cosy.text.control`); the family must speak that language. Sentence spans are into this text."""
+        (`cosy.text.control`), and the maps from that text back to the caller's (`cosy.text.origin`); the
+        family must speak that language."""
         req.check()
         check_family_language(req.language, self.family.name, self.family.display_name)
         if req.ssml or req.mode == "vc" or req.duplex or not (req.markdown or req.language):
-            return req
-        return dataclasses.replace(req, text=plain_text(req.text, req.language, req.markdown))
+            return req, []
+        text, origins = plain_text_origin(req.text, req.language, req.markdown)
+        return dataclasses.replace(req, text=text), origins
 
     def _spans(self, req: SynthesisRequest, text: str, inputs: LMInput,
                clock: SentenceClock) -> list[tuple[int, int]]:
-        """Each segment's span of `text`, the caller's text it came from (none when nobody asks)."""
+        """Each segment's span of `text`, the text it came from (none when nobody asks)."""
         if not clock.wanted:
             return [(0, 0)] * len(inputs.segments)
         prefix = self.family.system_prompt if req.mode == "cross_lingual" else ""
@@ -234,9 +242,17 @@ class Engine:
         without breaks is its plain text's seeds and segments), each break as exactly that many zero
         samples, at the document's rate (times req.speed) and gain. Runs with nothing to speak (blanks, the
         full stop after a break) are left out by `spoken_runs`, the one rule. Sentences' spans are into the
-        document's text content (`Ssml.text`); a break is no sentence."""
+        document's text content (`Ssml.text`); a break is no sentence. With fixes, into the caller's text (a
+        plain text's, through the text controls; a document's text content without them)."""
         doc = req.ssml_document()
-        clock.text = doc.text
+        origins: list[Origin] = []
+        if clock.wanted and req.fixes:  # (a replacement changed the document's text)
+            text, fixed = document_origin(req.text, req.ssml, req.fixes)
+            origins = [fixed] if req.ssml else [*clock.origins, fixed]
+            if req.ssml:
+                clock.text = text
+        elif req.ssml:
+            clock.text = doc.text
         req = dataclasses.replace(req, speed=req.speed * doc.speed, ssml=False)
         # all of them first: what can never be spoken fails before any audio
         parts: list[Break | tuple[LMInput, list[tuple[int, int]]]] = []
@@ -254,6 +270,11 @@ class Engine:
             inputs = self._fit(inputs)
             spans = self._spans(req, doc.text[part.begin:part.end], inputs, clock)
             parts.append((inputs, [(part.begin + b, part.begin + e) for b, e in spans]))
+        if clock.wanted and origins:  # all at once: consecutive spans, never overlapping
+            spans = iter(caller_spans([s for part in parts if not isinstance(part, Break) for s in part[1]],
+                                      origins, clock.text))
+            parts = [part if isinstance(part, Break) else (part[0], [next(spans) for _ in part[1]])
+                     for part in parts]
         n = 0
         for part in parts:
             if isinstance(part, Break):
@@ -289,10 +310,11 @@ class Engine:
                                                    req.instruct_text, features.speech_tokens.flatten().tolist())
         caller = CallerText()
         marks = DuplexMarks(self.t2w, req.speed, caller, on_mark)
-        pieces = streamed_text(pieces, req.language, req.markdown)  # markdown filtered, numbers in the hint's language
+        # markdown filtered, numbers in the hint's language; the marks map the result back to the pieces as sent
+        pieces = streamed_text(caller.record(pieces), req.language, req.markdown, caller.origins)
         decoded = ((i, bistream_decode(marks.segment(i, segment), prompt_text_ids, prompt_speech,
                                        self._bistream_steps(req, seed + i), self.family))
-                   for i, segment in enumerate(self._segments(caller.record(pieces), on_text, req.fixes)))
+                   for i, segment in enumerate(self._segments(pieces, on_text, req.fixes)))
         # a stream takes another segment only while the longest one the LM can make still fits it
         longest = self.family.length_limits(LM_DUPLEX_SEGMENT_TOKENS)[1]
         fill = stream_room(self.t2w, flow_prompt.tokens.shape[1], req.speed) - longest

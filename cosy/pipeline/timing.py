@@ -86,6 +86,8 @@ class SentenceClock:
 
     def __init__(self, text: str, sample_rate: int, on_mark: Callable[[SentenceMark], None] | None = None):
         self.text, self.sample_rate, self.on_mark = text, sample_rate, on_mark
+        # the maps from the text spoken back to `text`, when a text control rewrote it (`cosy.text.origin`)
+        self.origins: list = []
         self.samples = 0
         self._index = 0
         self._open: SentenceTiming | None = None

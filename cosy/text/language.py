@@ -18,8 +18,10 @@ import re
 
 from cosy.errors import BadRequest, echo
 from cosy.text import readings
+from cosy.text.origin import Origin
 
-__all__ = ["HINTS", "LOCAL_LANGUAGES", "FAMILY_LANGUAGES", "check_language", "check_family_language", "localize"]
+__all__ = ["HINTS", "LOCAL_LANGUAGES", "FAMILY_LANGUAGES", "check_language", "check_family_language", "localize",
+           "localize_origin"]
 
 HINTS = readings.LANGUAGES  # zh, en, de, es, fr, it, ru, ja, ko
 LOCAL_LANGUAGES = tuple(lang for lang in HINTS if lang not in ("zh", "en"))
@@ -78,8 +80,14 @@ def _patterns(lang: str) -> re.Pattern:
 def localize(text: str, language: str | None) -> str:
     """`text` with its dates, clock times, amounts of money, percentages and numbers as words of `language`
     (one of LOCAL_LANGUAGES; any other language, or None, returns `text` as it is)."""
+    return localize_origin(text, language)[0]
+
+
+def localize_origin(text: str, language: str | None) -> tuple[str, Origin]:
+    """`localize(text, language)` and where it came from in `text` (`cosy.text.origin`: each number, date,
+    time or amount read out is a region)."""
     if language not in LOCAL_LANGUAGES or not any(c.isdigit() for c in text):
-        return text
+        return text, Origin.identity(len(text))
     pattern = _patterns(language)
 
     def words(m: re.Match) -> str:
@@ -105,9 +113,27 @@ def localize(text: str, language: str | None) -> str:
         except ValueError:  # a form the readings do not take: its digits one by one
             return " ".join(readings.digit_words("".join(c for c in m.group() if c.isdigit()), language))
 
-    out = pattern.sub(lambda m: _spaced(text, m, words(m)), text)
-    # what no pattern took (a digit of another script): digit by digit
-    return "".join(" ".join(readings.digit_words(c, language)) if c.isdigit() and c.isascii() else c for c in out)
+    def digits(said: str) -> str:  # what no pattern took (a digit of another script): digit by digit
+        return "".join(" ".join(readings.digit_words(c, language)) if c.isdigit() and c.isascii() else c
+                       for c in said)
+
+    out: list[str] = []
+    replaced: list[tuple[int, int, int]] = []  # (begin, end, length said)
+
+    def said(begin: int, end: int, words: str) -> None:
+        out.append(words)
+        if words != text[begin:end]:
+            replaced.append((begin, end, len(words)))
+
+    at = 0
+    for m in pattern.finditer(text):
+        for k in range(at, m.start()):
+            said(k, k + 1, digits(text[k]))
+        said(m.start(), m.end(), digits(_spaced(text, m, words(m))))
+        at = m.end()
+    for k in range(at, len(text)):
+        said(k, k + 1, digits(text[k]))
+    return "".join(out), Origin.replaced(len(text), replaced)
 
 
 def _spaced(text: str, m: re.Match, words: str) -> str:

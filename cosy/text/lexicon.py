@@ -26,8 +26,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from cosy.errors import BadRequest, echo
+from cosy.text.origin import Origin
 from cosy.text.ssml import _PHONE as PHONE_PATTERNS
-from cosy.text.ssml import Item, Phoneme, Ssml, Text
+from cosy.text.ssml import Item, Phoneme, Ssml, Text, parse
 from cosy.text.ssml_text import phoneme_tag
 
 log = logging.getLogger(__name__)
@@ -256,16 +257,50 @@ def fix_items(items: Sequence[Item], entries: Sequence[Entry]) -> list[Item]:
     """A document's items (as the SSML parser collects them, before merging) with the entries applied to its
     own text (`Text`, adjacent pieces joined first); <sub> aliases (`cosy.text.ssml.Alias`), <say-as> and
     <phoneme> as they are."""
+    out: list[Item] = []
+    for item in _joined(items):
+        out += fix_text(item.text, entries) if type(item) is Text else [item]
+    return out
+
+
+def _joined(items: Sequence[Item]) -> list[Item]:
+    """Adjacent pieces of the document's own text (`Text`, not an alias) as one: what the entries are matched in."""
     joined: list[Item] = []
     for item in items:
         if type(item) is Text and joined and type(joined[-1]) is Text:
             joined[-1] = Text(joined[-1].text + item.text)
         else:
             joined.append(item)
-    out: list[Item] = []
-    for item in joined:
-        out += fix_text(item.text, entries) if type(item) is Text else [item]
-    return out
+    return joined
+
+
+def items_origin(items: Sequence[Item], entries: Sequence[Entry]) -> tuple[str, Origin]:
+    """The text of a document's items before `fix_items` (what the caller wrote) and where the fixed
+    document's text came from in it (`cosy.text.origin`: each replacement a region; a pronunciation keeps
+    its word)."""
+    texts, replaced, at = [], [], 0
+    for item in _joined(items):
+        text = getattr(item, "text", "")
+        if type(item) is Text:
+            replaced += [(at + s, at + e, len(x.value)) for s, e, x in find(text, entries) if x.kind == "sub"]
+        texts.append(text)
+        at += len(text)
+    return "".join(texts), Origin.replaced(at, replaced)
+
+
+def document_origin(text: str, ssml: bool, entries: Sequence[Entry]) -> tuple[str, Origin]:
+    """The caller's text of a request with fixes (a plain text, or an SSML document's text content without
+    them) and where the fixed document's text (`Ssml.text`) came from in it."""
+    if not ssml:
+        return items_origin([Text(text)], entries)
+    seen: list[Item] = []
+
+    def rewrite(items: list[Item]) -> list[Item]:
+        seen.extend(items)
+        return fix_items(items, entries)
+
+    parse(text, rewrite)
+    return items_origin(seen, entries)
 
 
 def plain_document(text: str, entries: Sequence[Entry]) -> Ssml:
@@ -280,5 +315,6 @@ def plain_document(text: str, entries: Sequence[Entry]) -> Ssml:
     return Ssml(tuple(out))
 
 
-__all__ = ["Entry", "KINDS", "LexiconError", "check_word", "find", "fix_items", "fix_text", "items_of", "make_entry",
-           "occurring", "ordered", "parse_hot_fix", "plain_document", "pronunciation", "request_fixes"]
+__all__ = ["Entry", "KINDS", "LexiconError", "check_word", "document_origin", "find", "fix_items", "fix_text",
+           "items_of", "items_origin", "make_entry", "occurring", "ordered", "parse_hot_fix", "plain_document",
+           "pronunciation", "request_fixes"]

@@ -27,8 +27,9 @@ from markdown_it import MarkdownIt
 from markdown_it.token import Token
 
 from cosy.text.normalize import contains_chinese
+from cosy.text.origin import Origin
 
-__all__ = ["to_speech", "MarkdownStream"]
+__all__ = ["to_speech", "to_speech_origin", "MarkdownStream"]
 
 _PARSER = MarkdownIt("commonmark", {"html": True}).enable(["table", "strikethrough"])
 _FENCE = re.compile(r" {0,3}(`{3,}|~{3,})")
@@ -38,46 +39,107 @@ _STARTS_BLOCK = re.compile(r" {0,3}(?:[-*+]\s+\S|#{1,6}(?:\s|$)|`{3,}|~{3,})")
 _ITEM = re.compile(r" {0,3}(?:[-*+]|\d{1,9}[.)])\s")
 
 
-def _inline(token: Token) -> str:
+# a text with the input position of each character (None: added here), built up as the speech is
+_Mapped = tuple[str, list]
+
+
+class _Source:
+    """The markdown source, to find where each piece of speech was written: a block's words are looked for in
+    order in its lines (`token.map`), from where the last one was found."""
+
+    def __init__(self, text: str):
+        self.text = text
+        self.lines = [0] + [m.end() for m in re.finditer(r"\r\n|\r|\n", text)] + [len(text)]
+        self.at = 0  # where the next words are looked for
+        self.stop = len(text)
+
+    def block(self, token: Token) -> None:
+        if token.map:
+            first, last = token.map
+            self.at = max(self.at, self.lines[min(first, len(self.lines) - 1)])
+            self.stop = self.lines[min(last, len(self.lines) - 1)]
+
+    def find(self, words: str) -> list:
+        """The positions of `words`: where they were written together, else each character found on its own
+        (an escape, an entity), else added."""
+        j = self.text.find(words, self.at, self.stop)
+        if j >= 0:
+            self.at = j + len(words)
+            return list(range(j, self.at))
+        out: list = []
+        for c in words:
+            j = self.text.find(c, self.at, self.stop)
+            out.append(j if j >= 0 else None)
+            self.at = j + 1 if j >= 0 else self.at
+        return out
+
+
+def _inline(token: Token, src: _Source) -> _Mapped:
     """The words of an inline token: text, code's text, image alt text; breaks as blanks; HTML left out."""
-    out = []
+    text, pos = "", []
     for child in token.children or ():
         if child.type in ("text", "code_inline"):
-            out.append(child.content)
+            text, pos = text + child.content, pos + src.find(child.content)
         elif child.type == "image":
-            out.append(_inline(child) if child.children else child.content)
+            alt = _inline(child, src) if child.children else (child.content, src.find(child.content))
+            text, pos = text + alt[0], pos + alt[1]
         elif child.type in ("softbreak", "hardbreak"):
-            out.append(" ")
-    return "".join(out).strip()
+            text, pos = text + " ", pos + [None]
+    return _strip((text, pos))
 
 
-def _ended(line: str) -> str:
+def _strip(mapped: _Mapped) -> _Mapped:
+    text, pos = mapped
+    begin = len(text) - len(text.lstrip())
+    end = len(text.rstrip())
+    return text[begin:end], pos[begin:end] if end > begin else []
+
+
+def _ended(line: _Mapped) -> _Mapped:
     """`line` ending in punctuation: a sentence end added when it ends in a letter or digit."""
-    line = line.strip()
-    if not line or unicodedata.category(line[-1])[0] in "PS":
-        return line
-    return line + ("。" if contains_chinese(line) else ".")
+    text, pos = _strip(line)
+    if not text or unicodedata.category(text[-1])[0] in "PS":
+        return text, pos
+    return text + ("。" if contains_chinese(text) else "."), pos + [None]
+
+
+def _joined(sep: str, parts: list[_Mapped]) -> _Mapped:
+    text, pos = "", []
+    for k, (t, p) in enumerate(parts):
+        if k:
+            text, pos = text + sep, pos + [None] * len(sep)
+        text, pos = text + t, pos + p
+    return text, pos
 
 
 def to_speech(text: str) -> str:
     """The words of a markdown text, block after block (see the module doc). Never raises for any text."""
-    lines: list[str] = []
-    row: list[str] | None = None  # the cells of the table row being read
+    return to_speech_origin(text)[0]
+
+
+def to_speech_origin(text: str) -> tuple[str, Origin]:
+    """`to_speech(text)` and where each of its characters was written in `text` (`cosy.text.origin`)."""
+    src = _Source(text)
+    lines: list[_Mapped] = []
+    row: list[_Mapped] | None = None  # the cells of the table row being read
     for token in _PARSER.parse(text):  # code blocks, HTML blocks and rules hold no inline token: left out
         if token.type == "tr_open":
             row = []
         elif token.type == "tr_close" and row is not None:
-            cells = [c for c in row if c]
+            cells = [c for c in row if c[0]]
             if cells:
-                lines.append(_ended(("，" if contains_chinese("".join(cells)) else ", ").join(cells)))
+                lines.append(_ended(_joined("，" if contains_chinese("".join(c[0] for c in cells)) else ", ",
+                                            cells)))
             row = None
         elif token.type == "inline":
-            words = _inline(token)
+            src.block(token)
+            words = _inline(token, src)
             if row is not None:
                 row.append(words)
-            elif words:
+            elif words[0]:
                 lines.append(_ended(words))
-    return " ".join(lines)
+    speech, positions = _joined(" ", lines)
+    return speech, Origin.of_positions(positions, len(text))
 
 
 class MarkdownStream:
@@ -85,6 +147,7 @@ class MarkdownStream:
 
     def __init__(self):
         self._held = ""
+        self.origin = Origin()  # the speech released so far, from the pieces fed so far (`cosy.text.origin`)
 
     def feed(self, piece: str) -> str:
         """The speech of the blocks that `piece` completes ("" when none is complete yet)."""
@@ -93,13 +156,20 @@ class MarkdownStream:
         if not cut:
             return ""
         done, self._held = self._held[:cut], self._held[cut:]
-        speech = to_speech(done)
-        return speech + " " if speech else ""
+        return self._release(done, " ")
 
     def finish(self) -> str:
         """The speech of what is held (the text's end closes every block)."""
         done, self._held = self._held, ""
-        return to_speech(done)
+        return self._release(done, "")
+
+    def _release(self, done: str, after: str) -> str:
+        speech, origin = to_speech_origin(done)
+        self.origin.extend(origin)
+        if speech and after:
+            self.origin.changed(0, len(after))
+            return speech + after
+        return speech
 
 
 def _complete(text: str) -> int:
