@@ -93,3 +93,20 @@ def test_hot_fix_on_http_and_its_errors(apps):
                                                   "reference_audio_id": voice,
                                                   "hot_fix": {"replace": [{"WHO": "世界卫生组织"}]}}})
     assert base64.b64decode(got.json()["output"]["audio"]["data"]) == _speak(a, voice, "世界卫生组织说好。")
+
+
+def test_the_lexicon_applies_to_the_markdown_filtered_text(apps):
+    """Entries are chosen on the text the engine applies them to: with the markdown filter that is the
+    filtered text, where `**W**HO` has become the word WHO."""
+    a, _, voice, _ = apps
+    r = httpx.post(a.url + LEXICON, headers=AUTH, json={"word": "WHO", "kind": "sub", "value": "世界卫生组织"})
+    assert r.status_code == 201, r.text
+    try:
+        got = httpx.post(a.url + "api/v1/audio/speech", headers=AUTH, timeout=300, json={
+            "model": "x", "stream": False, "input": {"mode": "fast_replication", "text": "**W**HO说好。",
+                                                      "reference_audio_id": voice, "seed": 5,
+                                                      "enable_markdown_filter": True}})
+        assert got.status_code == 200, got.text
+        assert base64.b64decode(got.json()["output"]["audio"]["data"]) == _speak(a, voice, "世界卫生组织说好。")
+    finally:
+        httpx.delete(a.url + LEXICON + "/WHO", headers=AUTH)

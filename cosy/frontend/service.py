@@ -42,6 +42,7 @@ from cosy.pipeline.request import (
 )
 from cosy.pipeline.timing import SentenceMark, SentenceTiming
 from cosy.service.workers import JobTrace, WorkerPool
+from cosy.text.control import plain_text
 from cosy.text.language import check_family_language
 from cosy.text.lexicon import request_fixes
 from cosy.text.ssml_text import spoken_runs
@@ -108,8 +109,10 @@ class FrontendService:
         if req.word_timestamps and not self.pool.spec.aligner:
             raise SynthesisError(WORDS_NEED_ALIGNER)
         # pronunciation fixes: the request's hot_fix and the shared lexicon, as read now (`request_fixes`)
+        # (chosen on the text the engine applies them to: after the markdown filter and a hint's readings)
+        fixed = None if req.duplex else req.text if req.ssml else plain_text(req.text, req.language, req.markdown)
         req = replace(req, fixes=request_fixes(req.hot_fix, self.data.lexicon.entries(), self.family.phoneme_tags,
-                                               None if req.duplex else req.text, req.ssml))
+                                               fixed, req.ssml))
         if (req.ssml or req.fixes) and not req.duplex:  # what the workers' family cannot read (<phoneme> on
             spoken_runs(req.ssml_document(), self.family.phoneme_tags, req.language)  # CosyVoice2) is a 400 now
         if req.mode not in SERVED_MODES:
