@@ -2,7 +2,8 @@
 
 gradio_client fills a new trailing parameter's default itself, but a raw `POST /gradio_api/call/NAME` with
 the old number of `data` values is refused by gradio ("didn't receive enough input values"). The parameters
-named in ADDED_LATER were added with a default after their endpoints were published (`enable_ssml`, `hot_fix`); this
+named in ADDED_LATER were added with a default after their endpoints were published (`enable_ssml`, `hot_fix`,
+`language_hints`, `enable_markdown_filter`); this
 middleware appends their defaults to such a call's `data`, so `{"data": ["你好", "alice", 0, 1.0]}` to
 `/saved_voice` still speaks. Fewer values than that stay an error, as before.
 """
@@ -13,7 +14,7 @@ import json
 import re
 from collections.abc import Callable
 
-ADDED_LATER = ("enable_ssml", "hot_fix")
+ADDED_LATER = ("enable_ssml", "hot_fix", "language_hints", "enable_markdown_filter")
 _CALL = re.compile(r"/gradio_api/call/([\w-]+)")
 _MAX_BODY = 1 << 20  # a raw call's JSON (files travel as uploads, by path)
 # api_name -> (all parameters, defaults of the trailing ones added later)
