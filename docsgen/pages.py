@@ -236,7 +236,33 @@ def performance_sections() -> str:
         for series, points in run["series"].items():
             out.append(f"| {series} | " + " | ".join(f"{p['cost_per_audio_s']:.3f}" for p in points) + " |")
         out.append("")
+    out += priority_section()
     return "\n".join(out)
+
+
+def priority_section() -> list[str]:
+    """bench/priority.py's runs, newest first: the listener's first packet and underruns under a saturating bulk
+    job with the frontend's priorities on and off, and the bulk throughput of each (one table a run)."""
+    found = runs("priority")
+    if not found:
+        return []
+    out = ["## Priorities under saturation", "",
+           "`bench/priority.py`: one backend and one frontend on one machine, a bulk job through the API that keeps "
+           "them full, an interactive stream every few seconds; priorities on and off alternate in one run. The "
+           "first packet is compared with the same stream on the idle deployment, measured in the same phase.", ""]
+    for run in reversed(found):
+        a = run["args"]
+        out += [f"**{a['size']} model, {a['tokens']} speech tokens a request, {a['bulk']} bulk clients**: "
+                + _provenance(run), "",
+                "| priorities | streams | first packet p50 | p95 | idle p50 | p50 / idle | underrun mean "
+                "| continuous | bulk audio-s per s |",
+                "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for name, r in run["settings"].items():
+            out.append(f"| {name} | {r['streams']} | {r['first_p50']:.2f} s | {r['first_p95']:.2f} s | "
+                       f"{r['idle_first_p50']:.2f} s | {r['first_p50_vs_idle']:.2f} | {r['underrun_mean']:.2f} s | "
+                       f"{r['continuous']:.0%} | {r['bulk_audio_per_wall']:.2f} |")
+        out += ["", f"Bulk throughput with priorities over without: {run['bulk_on_vs_off']:.2f}.", ""]
+    return out
 
 
 def generate() -> None:
