@@ -326,3 +326,4 @@ def small_disk(path: Path, size: str):
         yield path
     finally:
         subprocess.run(["umount", str(path)], check=False)
+from golden_engines import cv2, cv3  # noqa: E402,F401 -- the golden models as engines, one per module

@@ -8,7 +8,7 @@ import copy
 import numpy as np
 import pytest
 import torch
-from test_ssml_speech import PROMPT, _golden_engine
+from golden_engines import PROMPT, golden_engine
 from test_timestamps import _one_sentence_a_call
 
 from cosy.align.aligner import Aligner, fill_words
@@ -23,7 +23,7 @@ TEXT = ("今天天气很好。", "我们回家了。")
 
 @pytest.fixture(scope="module")
 def engine_and_aligner(tiny_cv3_model_dir, tmp_path_factory):
-    engine, _ = _golden_engine("golden-cv3", tiny_cv3_model_dir, tmp_path_factory)
+    engine, _ = golden_engine("golden-cv3", tiny_cv3_model_dir, tmp_path_factory)
     _one_sentence_a_call(engine, TEXT)
     aligner = Aligner.load(write_random_model(tmp_path_factory.mktemp("aligner"), "tiny", family="mms-aligner"))
     return engine, aligner

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_ssml_speech import PROMPT, _golden_engine
+from golden_engines import PROMPT
 
 from cosy.deploy.lexicon import MAX_BYTES, MAX_ENTRIES, LexiconStore, parse_file, render
 from cosy.errors import BadRequest, Conflict, NotFound, PayloadTooLarge
@@ -16,16 +16,6 @@ from cosy.text.lexicon import Entry, LexiconError, make_entry, parse_hot_fix, re
 from cosy.text.stream import stream_pieces
 
 pytestmark = pytest.mark.quick
-
-
-@pytest.fixture(scope="module")
-def cv2(tiny_model_dir, tmp_path_factory):
-    return _golden_engine("golden", tiny_model_dir, tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def cv3(tiny_cv3_model_dir, tmp_path_factory):
-    return _golden_engine("golden-cv3", tiny_cv3_model_dir, tmp_path_factory)
 
 
 def _spoken(engine, rec, text: str, ssml: bool = False, hot_fix=None, lexicon=()) -> tuple[list, torch.Tensor]:

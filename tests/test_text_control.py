@@ -7,7 +7,7 @@ import random
 
 import pytest
 import torch
-from test_ssml_speech import PROMPT, _golden_engine
+from golden_engines import PROMPT
 
 from cosy.errors import BadRequest
 from cosy.pipeline.request import SynthesisRequest
@@ -128,16 +128,6 @@ def test_request_refuses_markdown_with_ssml_and_an_unknown_hint():
         SynthesisRequest(mode="voice", text="<speak>x</speak>", ssml=True, markdown=True).check()
     with pytest.raises(BadRequest, match="language_hints: unknown language 'xx'"):
         SynthesisRequest(mode="voice", text="x", language="xx").check()
-
-
-@pytest.fixture(scope="module")
-def cv2(tiny_model_dir, tmp_path_factory):
-    return _golden_engine("golden", tiny_model_dir, tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def cv3(tiny_cv3_model_dir, tmp_path_factory):
-    return _golden_engine("golden-cv3", tiny_cv3_model_dir, tmp_path_factory)
 
 
 def _tokens(engine_rec, text: str, duplex: bool = False, **kw) -> tuple[list[list[int]], torch.Tensor]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_ssml_speech import PROMPT, _golden_engine
+from golden_engines import PROMPT
 
 from cosy.pipeline.engine import Engine
 from cosy.pipeline.lm_input import text_room
@@ -17,16 +17,6 @@ pytestmark = pytest.mark.quick
 
 # two sentences without a blank between them (each one's text alone is the piece the LM is given)
 TEXTS = {"cv2": ("The day was good.", "And we went home."), "cv3": ("今天天气很好。", "我们回家了。")}
-
-
-@pytest.fixture(scope="module")
-def cv2(tiny_model_dir, tmp_path_factory):
-    return _golden_engine("golden", tiny_model_dir, tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def cv3(tiny_cv3_model_dir, tmp_path_factory):
-    return _golden_engine("golden-cv3", tiny_cv3_model_dir, tmp_path_factory)
 
 
 def _one_sentence_a_call(engine: Engine, sentences: tuple[str, ...]) -> None:

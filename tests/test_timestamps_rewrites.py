@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import ASSETS
-from test_ssml_speech import PROMPT, _golden_engine
+from golden_engines import PROMPT, golden_engine
 from test_timestamps import _one_sentence_a_call
 
 from cosy.pipeline.duplex_marks import CallerText
@@ -29,7 +29,7 @@ def tiny_cv2(tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def cv3(tiny_cv3_model_dir, tmp_path_factory):
-    return _golden_engine("golden-cv3", tiny_cv3_model_dir, tmp_path_factory)[0]
+    return golden_engine("golden-cv3", tiny_cv3_model_dir, tmp_path_factory)[0]
 
 
 def check_spans(caller: str, sentences: list[SentenceTiming]) -> list[str]:
