@@ -9,6 +9,7 @@ import json
 
 import httpx
 import pytest
+from dashscope_client import dashscope_task
 from http_stack import KEY, _error
 from test_ws import ws_url
 
@@ -54,45 +55,18 @@ def test_openai_route_filters_markdown(stack):
 
 
 def test_dashscope_sdk_sends_language_hints_and_the_markdown_filter(stack):
-    import dashscope
-    from dashscope.audio.tts_v2 import AudioFormat, ResultCallback, SpeechSynthesizer
-
-    class Callback(ResultCallback):
-        def __init__(self):
-            self.audio, self.events, self.completed, self.error = bytearray(), [], False, None
-
-        def on_data(self, data: bytes) -> None:
-            self.audio.extend(data)
-
-        def on_event(self, message: str) -> None:
-            self.events.append(json.loads(message))
-
-        def on_complete(self) -> None:
-            self.completed = True
-
-        def on_error(self, message) -> None:
-            self.error = str(message)
-
-    dashscope.base_websocket_api_url = ws_url(stack, "/api-ws/v1/inference", keyed=True)
-    dashscope.api_key = KEY
-    cb = Callback()
-    synth = SpeechSynthesizer(model="cosyvoice-v2", voice=stack.ref, format=AudioFormat.PCM_24000HZ_MONO_16BIT,
-                              language_hints=["zh"], additional_params={"enable_markdown_filter": True},
-                              callback=cb)
-    for piece in ["## 你", "好\n\n**今天**", "天气*很好*。\n"]:
-        synth.streaming_call(piece)
-    synth.streaming_complete(complete_timeout_millis=300_000)
+    url = ws_url(stack, "/api-ws/v1/inference", keyed=True)
+    pieces = ["## 你", "好\n\n**今天**", "天气*很好*。\n"]
+    cb = dashscope_task(url, KEY, pieces, voice=stack.ref, language_hints=["zh"],
+                        additional_params={"enable_markdown_filter": True, "seed": 3})
     assert cb.completed and len(cb.audio) > 0
-    ends = [e["payload"]["output"] for e in cb.events if e["payload"]["output"]["type"] == "sentence-end"]
-    assert "".join(o["original_text"] for o in ends).replace(" ", "") == "你好。今天天气很好。"
-
-    cb = Callback()
-    synth = SpeechSynthesizer(model="cosyvoice-v2", voice=stack.ref, format=AudioFormat.PCM_24000HZ_MONO_16BIT,
-                              language_hints=["xx"], callback=cb)
-    with pytest.raises(Exception):
-        synth.streaming_call("你好。")
-        synth.streaming_complete(complete_timeout_millis=60_000)
-    assert cb.error is None or "language_hints" in cb.error
+    # the sentences name the caller's own (markdown) text, and cover it
+    assert "".join(o["original_text"] for o in cb.outputs("sentence-end")) == "".join(pieces).strip()
+    # what was spoken is the filtered text: the audio of the text a person would write for it
+    plain = dashscope_task(url, KEY, ["你好。", "今天天气很好。"], voice=stack.ref, additional_params={"seed": 3})
+    assert bytes(cb.audio) == bytes(plain.audio)
+    with pytest.raises(Exception):  # (the SDK raises the task-failed it gets)
+        dashscope_task(url, KEY, ["你好。"], timeout_ms=60_000, voice=stack.ref, language_hints=["xx"])
 
 
 @pytest.mark.quick
@@ -123,31 +97,10 @@ def test_cli_has_the_flags():
 
 def _dashscope_audio(stack, text: str, **params) -> bytes:
     """The audio of one DashScope task sent by the real dashscope SDK, `params` as its additional parameters."""
-    import dashscope
-    from dashscope.audio.tts_v2 import AudioFormat, ResultCallback, SpeechSynthesizer
-
-    class Callback(ResultCallback):
-        def __init__(self):
-            self.audio, self.completed, self.error = bytearray(), False, None
-
-        def on_data(self, data: bytes) -> None:
-            self.audio.extend(data)
-
-        def on_complete(self) -> None:
-            self.completed = True
-
-        def on_error(self, message) -> None:
-            self.error = str(message)
-
-    dashscope.base_websocket_api_url = ws_url(stack, "/api-ws/v1/inference", keyed=True)
-    dashscope.api_key = KEY
-    cb = Callback()
-    synth = SpeechSynthesizer(model="cosyvoice-v2", voice=stack.ref, format=AudioFormat.PCM_24000HZ_MONO_16BIT,
-                              additional_params={"seed": 9, **params}, callback=cb)
-    synth.streaming_call(text)
-    synth.streaming_complete(complete_timeout_millis=300_000)
-    assert cb.completed and cb.error is None, cb.error
-    return bytes(cb.audio)
+    task = dashscope_task(ws_url(stack, "/api-ws/v1/inference", keyed=True), KEY, [text], voice=stack.ref,
+                          additional_params={"seed": 9, **params})
+    assert task.completed and task.error is None, task.error
+    return bytes(task.audio)
 
 
 def test_dashscope_sdk_sends_hot_fix_and_hears_the_hand_written_text(stack):

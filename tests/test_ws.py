@@ -13,6 +13,7 @@ import uuid
 import pytest
 import soundfile as sf
 import websockets
+from dashscope_client import dashscope_task
 from http_stack import KEY
 
 RATE = 24000
@@ -267,30 +268,9 @@ def test_ws_needs_the_key(stack):
 
 def test_dashscope_sdk_streaming_call(stack):
     """The real `dashscope` SDK's SpeechSynthesizer, its websocket URL pointed at us, a reference id as voice."""
-    import dashscope
-    from dashscope.audio.tts_v2 import AudioFormat, ResultCallback, SpeechSynthesizer
-
-    class Callback(ResultCallback):
-        def __init__(self):
-            self.audio, self.events, self.completed = bytearray(), [], False
-
-        def on_data(self, data: bytes) -> None:
-            self.audio.extend(data)
-
-        def on_event(self, message: str) -> None:
-            self.events.append(json.loads(message))
-
-        def on_complete(self) -> None:
-            self.completed = True
-
-    dashscope.base_websocket_api_url = ws_url(stack, "/api-ws/v1/inference", keyed=True)
-    dashscope.api_key = KEY
-    cb = Callback()
-    synth = SpeechSynthesizer(model="cosyvoice-v2", voice=stack.ref, format=AudioFormat.PCM_24000HZ_MONO_16BIT,
-                              volume=50, speech_rate=1.0, callback=cb)
-    for piece in ["你好", "，世界", "。今天", "天气很好。"]:
-        synth.streaming_call(piece)
-    synth.streaming_complete(complete_timeout_millis=300_000)
+    pieces = ["你好", "，世界", "。今天", "天气很好。"]
+    cb = dashscope_task(ws_url(stack, "/api-ws/v1/inference", keyed=True), KEY, pieces, voice=stack.ref, volume=50,
+                        speech_rate=1.0)
     assert cb.completed and len(cb.audio) > 0 and len(cb.audio) % 2 == 0
     seconds = len(cb.audio) / 2 / RATE
     assert cb.events and all(e["header"]["event"] == "result-generated" for e in cb.events)
@@ -308,7 +288,7 @@ def test_dashscope_sdk_streaming_call(stack):
     assert ends_usage == [len("你好，世界。"), len("你好，世界。今天天气很好。")]  # through each sentence
     frames = [e for e in cb.events if e["payload"]["output"]["type"] == "sentence-synthesis"]
     assert abs(sum(e["payload"]["metrics"]["speech_len"] for e in frames) - seconds) < 0.01
-    assert synth.get_first_package_delay() > 0
+    assert cb.first_package_delay > 0
 
 
 def test_openai_style_session(stack):

@@ -14,6 +14,7 @@ import httpx
 import pytest
 import soundfile as sf
 import websockets
+from dashscope_client import dashscope_task
 from http_stack import KEY, ZS_TEXT, ZS_WAV, _app, _serve
 from test_ws import RATE, action, one_task, run_task, ws_url
 
@@ -87,30 +88,8 @@ def test_word_timestamps_without_an_aligner_fail_the_task_naming_the_flag(stack)
 def test_dashscope_sdk_receives_the_sentence_timings(stack):
     """The real `dashscope` SDK (its published way to add parameters: additional_params) gets the sentence
     events with their timings as our server sends them."""
-    import dashscope
-    from dashscope.audio.tts_v2 import AudioFormat, ResultCallback, SpeechSynthesizer
-
-    class Callback(ResultCallback):
-        def __init__(self):
-            self.audio, self.events, self.completed = bytearray(), [], False
-
-        def on_data(self, data: bytes) -> None:
-            self.audio.extend(data)
-
-        def on_event(self, message: str) -> None:
-            self.events.append(json.loads(message))
-
-        def on_complete(self) -> None:
-            self.completed = True
-
-    dashscope.base_websocket_api_url = ws_url(stack, "/api-ws/v1/inference", keyed=True)
-    dashscope.api_key = KEY
-    cb = Callback()
-    synth = SpeechSynthesizer(model="cosyvoice-v2", voice=stack.ref, format=AudioFormat.PCM_24000HZ_MONO_16BIT,
-                              seed=4, callback=cb, additional_params={"sentence_timestamp_enabled": True})
-    for piece in PIECES:
-        synth.streaming_call(piece)
-    synth.streaming_complete(complete_timeout_millis=300_000)
+    cb = dashscope_task(ws_url(stack, "/api-ws/v1/inference", keyed=True), KEY, PIECES, voice=stack.ref, seed=4,
+                        additional_params={"sentence_timestamp_enabled": True})
     assert cb.completed and len(cb.audio) % 2 == 0
     outputs = [e["payload"]["output"] for e in cb.events]
     kinds = "".join({"sentence-begin": "b", "sentence-synthesis": "s", "sentence-end": "e"}[o["type"]]
@@ -167,23 +146,11 @@ def aligned(tiny_model_dir, tmp_path_factory):
 def test_dashscope_sdk_receives_word_timings(aligned):
     """word_timestamp_enabled with an aligner: each sentence-end carries its words as published (offsets
     within the sentence, times in the audio, inside the sentence's own)."""
-    import dashscope
-    from dashscope.audio.tts_v2 import AudioFormat, ResultCallback, SpeechSynthesizer
-
     url, ref = aligned
-    events = []
-
-    class Callback(ResultCallback):
-        def on_event(self, message: str) -> None:
-            events.append(json.loads(message))
-
-    dashscope.base_websocket_api_url = url.replace("http://", "ws://") + "/api-ws/v1/inference"
-    dashscope.api_key = KEY
-    synth = SpeechSynthesizer(model="cosyvoice-v2", voice=ref, format=AudioFormat.PCM_24000HZ_MONO_16BIT, seed=4,
-                              callback=Callback(), additional_params={"word_timestamp_enabled": True})
-    for piece in ["The day was go", "od. And we", " went home."]:
-        synth.streaming_call(piece)
-    synth.streaming_complete(complete_timeout_millis=300_000)
+    task = dashscope_task(url.replace("http://", "ws://") + "/api-ws/v1/inference", KEY,
+                          ["The day was go", "od. And we", " went home."], voice=ref, seed=4,
+                          additional_params={"word_timestamp_enabled": True})
+    events = task.events
     ends = [e["payload"]["output"] for e in events if e["payload"]["output"]["type"] == "sentence-end"]
     assert [o["original_text"] for o in ends] == ["The day was good.", "And we went home."]
     for o in ends:
