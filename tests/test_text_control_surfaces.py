@@ -111,3 +111,40 @@ def test_dashscope_sdk_sends_hot_fix_and_hears_the_hand_written_text(stack):
     assert len(want) > 0 and got == want
     other = _dashscope_audio(stack, "WHO的总部在日内瓦。")
     assert other != want  # (the fix made the difference)
+
+
+def _openai_socket_audio(stack, pieces: list[str], **config) -> tuple[bytes, dict | None]:
+    """(pcm audio, the error event or None) of one session on the OpenAI-style socket."""
+    import asyncio
+    import base64
+
+    import websockets
+
+    async def main():
+        async with websockets.connect(ws_url(stack, "/v1/audio/speech/stream")) as ws:
+            await ws.send(json.dumps({"type": "session.config", "voice": stack.ref, "response_format": "pcm",
+                                      "seed": 4, **config}))
+            created = json.loads(await ws.recv())
+            if created["type"] == "error":
+                return b"", created
+            for piece in pieces:
+                await ws.send(json.dumps({"type": "input.text", "delta": piece}))
+            await ws.send(json.dumps({"type": "input.done"}))
+            audio, event = bytearray(), {}
+            while event.get("type") not in ("speech.audio.done", "error"):
+                event = json.loads(await ws.recv())
+                if event["type"] == "speech.audio.delta":
+                    audio += base64.b64decode(event["audio"])
+            return bytes(audio), event if event["type"] == "error" else None
+    return asyncio.run(main())
+
+
+def test_the_openai_socket_takes_the_text_controls(stack):
+    """session.config's hot_fix and enable_markdown_filter: the audio of the text written by hand."""
+    want, error = _openai_socket_audio(stack, ["世界卫生组织说好。"])
+    assert error is None and want
+    got, error = _openai_socket_audio(stack, ["**WHO**", "说好。"], enable_markdown_filter=True,
+                                      hot_fix={"replace": [{"WHO": "世界卫生组织"}]}, language_hints=["zh"])
+    assert error is None and got == want
+    _, error = _openai_socket_audio(stack, ["x"], language_hints=["xx"])
+    assert error is not None and "language_hints" in error["error"]["message"], error

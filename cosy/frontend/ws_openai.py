@@ -5,7 +5,8 @@ Client -> server (JSON text messages):
     {"type": "session.config", "voice": "<reference audio / saved voice id>", "instructions": "",
      "response_format": "mp3" | "opus" | "aac" | "flac" | "wav" | "pcm", "speed": 1.0, "seed": null,
      "enable_ssml": false, "priority": null (interactive; default or bulk for work that can wait),
-     "sentence_timestamp_enabled": false, "word_timestamp_enabled": false (timings, as on POST /v1/audio/speech)}
+     "sentence_timestamp_enabled": false, "word_timestamp_enabled": false (timings, as on POST /v1/audio/speech),
+     "language_hints": null, "enable_markdown_filter": false, "hot_fix": null (text control, as on the HTTP route)}
     {"type": "input.text", "delta": "<more text>"}          any number (with enable_ssml: one, the whole document)
     {"type": "input.done"}                                   (a repeated one is ignored)
 Server -> client:
@@ -35,13 +36,15 @@ from pydantic import ConfigDict, Field
 from cosy.errors import echo
 from cosy.frontend.encoding import FORMATS
 from cosy.frontend.speech_stream import SpeechRequest
+from cosy.frontend.text_params import TextControls, language_of
 from cosy.frontend.ws_params import Dialect, TaskParams, TimestampParameters, _validated
 from cosy.frontend.ws_tasks import Task, TaskFailed, TaskSession
 from cosy.pipeline.request import PRIORITIES, SEED_RANGE, SPEED_RANGE, SynthesisRequest
 from cosy.pipeline.timing import SentenceMark
+from cosy.text.lexicon import parse_hot_fix
 
 
-class SessionConfig(TimestampParameters):
+class SessionConfig(TimestampParameters, TextControls):
     model_config = ConfigDict(extra="ignore")
     voice: str = Field(min_length=1)
     instructions: str = ""
@@ -50,6 +53,7 @@ class SessionConfig(TimestampParameters):
     seed: int | None = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
     enable_ssml: bool = False  # the one input.text is an SSML document
     priority: Literal[PRIORITIES] | None = None  # the class (None: interactive, a stream's)
+    hot_fix: dict | None = None  # pronunciation fixes (`cosy.text.lexicon.parse_hot_fix`), as on the HTTP route
 
 
 class OpenAIDialect(Dialect):
@@ -64,7 +68,9 @@ class OpenAIDialect(Dialect):
         speed = min(max(c.speed, SPEED_RANGE[0]), SPEED_RANGE[1])
         synthesis = SynthesisRequest(mode="instruct" if instruct else "voice", voice_id=c.voice,
                                      instruct_text=instruct, speed=speed, seed=c.seed, stream=True, duplex=True,
-                                     priority=c.priority, word_timestamps=bool(c.timestamps()))
+                                     priority=c.priority, word_timestamps=bool(c.timestamps()),
+                                     hot_fix=parse_hot_fix(c.hot_fix, "hot_fix"), language=language_of(c),
+                                     markdown=bool(c.enable_markdown_filter))
         speech = SpeechRequest(synthesis, "openai", fmt=c.response_format, sample_rate=self.sample_rate)
         return TaskParams(speech, False, c.enable_ssml, timestamps=c.timestamps())
 
