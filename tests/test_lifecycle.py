@@ -49,6 +49,36 @@ def test_prune_by_age_and_size(tmp_path):
 
 
 @pytest.mark.quick
+def test_the_webuis_example_files_outlive_the_pruner(tmp_path):
+    """gradio caches the WebUI's example prompts when the page is built, as copies that keep the assets' old
+    modification times: by age the first pass removed them (the examples failed 30 s after start, "the
+    uploaded prompt audio could not be read"). The pruner keeps what was there once the page was built."""
+    import shutil
+
+    from conftest import ASSETS
+
+    gradio = tmp_path / "gradio"
+    example = gradio / "89e0" / "cross_lingual_prompt.wav"
+    example.parent.mkdir(parents=True)
+    shutil.copy2(ASSETS / "cross_lingual_prompt.wav", example)  # as gradio copies it
+    os.utime(example, (time.time() - 7200, time.time() - 7200))  # assets checked out two hours ago
+    bounds = store.Bounds(max_age=600, max_bytes=1 << 30)
+    pruner = store.Pruner([(gradio, bounds)], interval=0.05)
+    pruner.pin(gradio)  # (app.py: right after building the page)
+    upload = gradio / "ab12" / "old_upload.wav"
+    upload.parent.mkdir()
+    upload.write_bytes(b"x")
+    os.utime(upload, (time.time() - 7200, time.time() - 7200))
+    pruner.start()
+    deadline = time.monotonic() + 10
+    while upload.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pruner.stop()
+    assert not upload.exists() and example.exists()  # an old upload goes; the example stays
+    assert store.prune(gradio, bounds) == 0 and not example.exists()  # (unpinned, it would go at once)
+
+
+@pytest.mark.quick
 def test_a_killed_frontends_temp_root_is_removed_by_the_next_one(tmp_path):
     """Real processes: one holds its root's lock (alive), one held it and was SIGKILLed (orphaned); a root
     without a lock goes only when no process has its PID."""

@@ -59,14 +59,15 @@ def size(root: Path) -> int:
     return sum(s for _, s, _ in _files(root)) if root.is_dir() else 0
 
 
-def prune(root: Path, bounds: Bounds, keep: Path | None = None) -> int:
+def prune(root: Path, bounds: Bounds, keep: Path | None = None, pinned: frozenset[Path] = frozenset()) -> int:
     """Remove files under `root` older than the bounds' age, then the oldest until the total fits (never
-    `keep`: the file just written); empty subdirectories go too. The number of bytes left."""
+    `keep`, the file just written, nor the `pinned` ones); empty subdirectories go too. The number of bytes
+    left."""
     if not root.is_dir():
         return 0
     now, left = time.time(), []
     for mtime, sz, p in _files(root):
-        if now - mtime > bounds.max_age and p != keep:
+        if now - mtime > bounds.max_age and p != keep and p not in pinned:
             p.unlink(missing_ok=True)
         else:
             left.append((mtime, sz, p))
@@ -74,7 +75,7 @@ def prune(root: Path, bounds: Bounds, keep: Path | None = None) -> int:
     for mtime, sz, p in sorted(left, key=lambda t: t[0]):
         if total <= bounds.max_bytes:
             break
-        if p != keep:
+        if p != keep and p not in pinned:
             p.unlink(missing_ok=True)
             total -= sz
     for dirpath, dirs, names in os.walk(root, topdown=False):
@@ -87,10 +88,11 @@ def prune(root: Path, bounds: Bounds, keep: Path | None = None) -> int:
 
 
 class Pruner:
-    """Prunes (root, bounds) pairs every `interval` seconds until `stop()`."""
+    """Prunes (root, bounds) pairs every `interval` seconds until `stop()`, never the files of `pin`."""
 
     def __init__(self, stores: list[tuple[Path, Bounds]], interval: float = 30.0):
         self.stores, self.interval = stores, interval
+        self.pinned: frozenset[Path] = frozenset()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="store-pruner")
 
@@ -102,9 +104,15 @@ class Pruner:
         while not self._stop.wait(self.interval):
             for root, bounds in self.stores:
                 try:
-                    prune(root, bounds)
+                    prune(root, bounds, pinned=self.pinned)
                 except OSError:
                     pass
+
+    def pin(self, root: Path) -> None:
+        """Keep the files now under `root` for the process's life: gradio's cached copies of the WebUI's
+        examples, made when the page is built, which keep their assets' old modification times (by age they
+        would go at the first pass, and the examples with them)."""
+        self.pinned = self.pinned | {p for _, _, p in _files(root)}
 
     def stop(self) -> None:
         self._stop.set()
