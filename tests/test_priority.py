@@ -144,7 +144,8 @@ def test_a_bulk_item_moves_up_a_class_every_aging_seconds_and_then_goes_first():
 @pytest.mark.quick
 def test_bulk_work_waits_while_a_listener_awaits_its_first_packet_and_runs_when_the_hold_ends():
     """A listener whose LM is still making its first tokens holds back bulk flows (the cores go to its LM);
-    its first chunk then runs before the bulk work queued earlier. A listener that never gets a chunk holds
+    its first packet's items then run before the bulk work queued earlier, which waits until that packet is sent,
+    also while the listener's thread waits for tokens between them. A listener that never gets a chunk holds
     nothing past `hold_first`."""
     sched = SpeechScheduler(starve_after=30.0, hold_first=60.0)
     order, bulk_queued = [], threading.Event()
@@ -165,9 +166,13 @@ def test_bulk_work_waits_while_a_listener_awaits_its_first_packet_and_runs_when_
         time.sleep(0.01)
     time.sleep(0.3)
     assert order == [] and sched.pending() == 1, "bulk work started while a listener waited for its first packet"
-    sched.run(True, lambda: order.append("listener"))  # the listener's first chunk
+    sched.run(True, lambda: order.append("listener ahead"))  # the first chunk's prompt part
+    time.sleep(0.3)  # its thread waits for more tokens: the hold goes on until the first packet is out
+    assert order == ["listener ahead"] and sched.pending() == 1, "bulk work started between a listener's items"
+    sched.run(True, lambda: order.append("listener chunk"))  # the first chunk
+    sched.heard(listener)  # the worker sent it
     t.join(10)
-    assert order == ["listener", "bulk"]
+    assert order == ["listener ahead", "listener chunk", "bulk"]
     sched.close()
 
     short = SpeechScheduler(starve_after=30.0, hold_first=0.3)

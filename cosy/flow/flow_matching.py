@@ -12,6 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from cosy.flow.config import CFMConfig, EstimatorConfig
+from cosy.preemption import preemption_point
 
 
 def fixed_noise(seed: int, n_mels: int, frames: int) -> Tensor:
@@ -95,4 +96,5 @@ class CausalConditionalCFM(nn.Module):
             t = t + dt
             if step < len(t_span) - 1:
                 dt = t_span[step + 1] - t
+                preemption_point()  # more urgent work (a listener's chunk) may run between two steps
         return x.float()

@@ -25,6 +25,7 @@ from cosy.flow.decoder import CausalBlock1D, CausalConditionalDecoder, CausalRes
 from cosy.flow.dit import DiT
 from cosy.flow.dit_incremental import estimate_dit
 from cosy.flow.model import FlowModel
+from cosy.preemption import preemption_point
 
 Step = dict[str, Tensor]  # name -> K/V (2, H, P, d) or conv tail (2, C, kernel - 1)
 
@@ -217,6 +218,7 @@ def sample_new_rows(flow: FlowModel, rows: list[tuple[Tensor, Tensor, Tensor, Fl
         t = t + dt
         if step < len(t_span) - 1:
             dt = t_span[step + 1] - t
+            preemption_point()  # more urgent work (a listener's chunk) may run between two steps
     if b == 1:
         return [(x.float(), FlowState(stop, tuple(steps)))]
     return [(x[i:i + 1].float(), FlowState(stop, tuple({k: v[2 * i:2 * i + 2] for k, v in s.items()} for s in steps)))

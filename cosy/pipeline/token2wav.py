@@ -33,6 +33,7 @@ from cosy.pipeline.jobs import ChunkInputs, ChunkJob, FlowJob, FlowPrompt
 from cosy.pipeline.speed import MelStretcher
 from cosy.pipeline.stream_vocoder import MEL_CACHE_FRAMES, CrossfadeVocoder, VocodeJob, crossfade, hamming_window
 from cosy.pipeline.token2wav_stream import Token2WavStream
+from cosy.preemption import preemption_point
 from cosy.speech.cache import StateBudget
 
 __all__ = ["MEL_CACHE_FRAMES", "ChunkJob", "FlowJob", "FlowPrompt", "MelStretcher", "Token2Wav", "Token2WavStream",
@@ -100,6 +101,7 @@ class Token2Wav:
         mel = self.mel(tokens, prompt)
         if speed != 1.0:  # the official speed control: linear resampling of the mel in time
             mel = F.interpolate(mel, size=int(mel.shape[2] / speed), mode="linear")
+        preemption_point()
         return self.vocode(mel, seed)
 
     def whole_job(self, tokens: Tensor, prompt: FlowPrompt, speed: float = 1.0, seed: int | None = None) -> FlowJob:
@@ -121,6 +123,7 @@ class Token2Wav:
                                            j.prompt.embedding.to(dev)) for j in jobs])
         out: list[Any] = []
         for j, m in zip(jobs, mels):
+            preemption_point()  # (what a point raises ends the batch, which is then rerun alone)
             try:
                 out.append(j.finish(m))
             except Exception as e:

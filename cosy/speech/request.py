@@ -17,6 +17,7 @@ class LiveRequest:
     arrival: float = field(default_factory=time.monotonic)
     cancelled: threading.Event = field(default_factory=threading.Event)
     chunks: int = 0  # flow/HiFT work items run so far
+    heard: bool = False  # its first audio chunk was sent (a listener's hold on less urgent work ends)
     text: queue.Queue = field(default_factory=queue.Queue)  # "duplex": text pieces, None ends the text
     _ended: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock)

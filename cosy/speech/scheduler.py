@@ -10,8 +10,13 @@ first-packet latency), otherwise oldest request first. An item moves up one clas
 it waits (the worker queue's rule, `aged_rank`), and one that has waited `starve_after` seconds counts as a
 first chunk, so no request starves. While a listener (a streaming request) waits for its first packet, work of
 a less urgent class is not started (for at most `hold_first` s per listener): the cores go to that listener's LM
-(the backend, or the embedded LM) instead of bulk flows, and its first chunk finds the runner free; the held work
-runs right after (bench/priority.py measures both sides). A cancelled request's queued
+(the backend, or the embedded LM) instead of bulk flows, and each of the items its first packet needs (the first
+chunk's prompt part computed ahead, the chunk's flow, its vocoder step: queued one after the other by its
+thread) finds the runner free. The hold ends when the worker sends the first chunk (`heard`); the held work runs
+right after. Work already running yields too: at each of its preemption points (between two ODE steps of a
+flow, before a vocoder pass: `cosy.preemption`) the queued items of a more urgent class run first, and it pauses
+while such a listener waits for its first packet, so a listener arriving during a bulk utterance waits one
+step, not the utterance (bench/priority.py measures both sides). A cancelled request's queued
 items are skipped; a failing item fails only its own request (the exception is re-raised in that request's
 thread).
 
@@ -37,6 +42,7 @@ from typing import Any
 
 from cosy.errors import Cancelled
 from cosy.pipeline.request import PRIORITY_AGING, aged_rank, priority_rank
+from cosy.preemption import preemptible
 from cosy.speech.request import LiveRequest
 
 
@@ -117,6 +123,12 @@ class SpeechScheduler:
         request.chunks += 1
         return item.result
 
+    def heard(self, request: LiveRequest) -> None:
+        """The request's first audio chunk was sent: a listener's hold on less urgent work ends."""
+        with self._cond:
+            request.heard = True
+            self._cond.notify_all()
+
     def pending(self) -> int:
         with self._cond:
             return len(self._items)
@@ -136,16 +148,17 @@ class SpeechScheduler:
             self._thread.join(timeout)
 
     def _held_above(self, now: float) -> tuple[int | None, float]:
-        """(the most urgent class of a listener still waiting for its first work item, None when there is
-        none; s until the earliest of their holds ends). Forgets listeners that got their first item, ended,
+        """(the most urgent class of a listener still waiting for its first packet with no item queued, None
+        when there is none; s until the earliest of their holds ends). Forgets listeners that were heard, ended,
         were cancelled or waited `hold_first` s."""
         rank, until = None, self.hold_first
         queued = {id(i.request) for i in self._items}
         for key, r in list(self._listeners.items()):
             left = r.arrival + self.hold_first - now
-            if r.chunks or key in queued or r.cancelled.is_set() or r._ended or left <= 0:
-                if key not in queued:  # (a queued first item ranks by class; it may still be requeued after)
-                    del self._listeners[key]
+            if r.heard or r.cancelled.is_set() or r._ended or left <= 0:
+                del self._listeners[key]
+                continue
+            if key in queued:  # its queued item ranks by class
                 continue
             mine = priority_rank(r.payload.get("priority"))
             rank = mine if rank is None else min(rank, mine)
@@ -163,25 +176,52 @@ class SpeechScheduler:
                 ranked = sorted(self._items, key=lambda i: i.key(now, self.starve_after, self.aging))
                 held, until = self._held_above(now)
                 if held is None or ranked[0].key(now, self.starve_after, self.aging)[0] <= held:
-                    break
+                    return self._take(ranked)
                 self._cond.wait(min(until, 0.05))  # (a listener's cancel does not notify: look again soon)
-            head = ranked[0]
-            picked = [head]
-            if head.batch is not None:
-                longest = head.batch.frames
-                for other in ranked[1:]:
-                    if len(picked) >= self.max_rows:
-                        break
-                    b = other.batch
-                    if b is None or b.fn != head.batch.fn or other.request.cancelled.is_set():
-                        continue
-                    if (len(picked) + 1) * max(longest, b.frames) > self.max_frames:
-                        continue
-                    picked.append(other)
-                    longest = max(longest, b.frames)
-            for item in picked:
-                self._items.remove(item)
-            return picked
+
+    def _take(self, ranked: list[WorkItem]) -> list[WorkItem]:
+        """The head of `ranked` and, when it is batchable, the next items it batches with; out of the queue.
+        Called with `_cond` held."""
+        head = ranked[0]
+        picked = [head]
+        if head.batch is not None:
+            longest = head.batch.frames
+            for other in ranked[1:]:
+                if len(picked) >= self.max_rows:
+                    break
+                b = other.batch
+                if b is None or b.fn != head.batch.fn or other.request.cancelled.is_set():
+                    continue
+                if (len(picked) + 1) * max(longest, b.frames) > self.max_frames:
+                    continue
+                picked.append(other)
+                longest = max(longest, b.frames)
+        for item in picked:
+            self._items.remove(item)
+        return picked
+
+    def _yield_to_urgent(self, running: list[WorkItem]) -> None:
+        """At a preemption point of `running` (`cosy.preemption`): run the queued items of a more urgent class
+        first, and pause while a listener of a more urgent class waits for its first packet with nothing
+        queued (its LM gets the cores; at most `hold_first`). Classes are aged as in `_next`: a paused bulk
+        utterance moves up as it waits, so it is not starved. Cancelled when every running item's request
+        is cancelled: a cancelled utterance stops at its next step."""
+        while True:
+            if self._closed or all(i.request.cancelled.is_set() for i in running):
+                raise Cancelled()
+            with self._cond:
+                now = time.monotonic()
+                mine = min(i.key(now, self.starve_after, self.aging)[0] for i in running)
+                urgent = sorted((i for i in self._items if i.key(now, self.starve_after, self.aging)[0] < mine),
+                                key=lambda i: i.key(now, self.starve_after, self.aging))
+                if not urgent:
+                    held, until = self._held_above(now)
+                    if held is None or held >= mine:
+                        return
+                    self._cond.wait(min(until, 0.05))
+                    continue
+                picked = self._take(urgent)
+            self._execute(picked)
 
     @staticmethod
     def _run_one(item: WorkItem) -> None:
@@ -192,30 +232,35 @@ class SpeechScheduler:
         except BaseException as e:  # handed to the request's own thread
             item.error = e
 
+    def _execute(self, picked: list[WorkItem]) -> None:
+        """Run `picked` (one item, or a batch of them) and hand each its result or error."""
+        live = [i for i in picked if not i.request.cancelled.is_set()]
+        if len(live) > 1:
+            try:
+                results = live[0].batch.fn([i.batch.arg for i in live])
+                if len(results) != len(live):
+                    raise RuntimeError("batch function returned the wrong number of results")
+            except BaseException:  # someone in the batch failed: everyone runs alone
+                for item in live:
+                    self._run_one(item)
+            else:
+                for item, result in zip(live, results):
+                    if isinstance(result, BaseException):
+                        item.error = result
+                    else:
+                        item.result = result
+                self.batches.append((getattr(live[0].batch.fn, "__name__", "?"), len(live)))
+            for item in picked:
+                if item not in live:
+                    item.error = Cancelled()
+        else:
+            for item in picked:
+                self._run_one(item)
+        self.ran += len(picked)
+        for item in picked:
+            item.done.set()
+
     def _loop(self) -> None:
         while (picked := self._next()) is not None:
-            live = [i for i in picked if not i.request.cancelled.is_set()]
-            if len(live) > 1:
-                try:
-                    results = live[0].batch.fn([i.batch.arg for i in live])
-                    if len(results) != len(live):
-                        raise RuntimeError("batch function returned the wrong number of results")
-                except BaseException:  # someone in the batch failed: everyone runs alone
-                    for item in live:
-                        self._run_one(item)
-                else:
-                    for item, result in zip(live, results):
-                        if isinstance(result, BaseException):
-                            item.error = result
-                        else:
-                            item.result = result
-                    self.batches.append((getattr(live[0].batch.fn, "__name__", "?"), len(live)))
-                for item in picked:
-                    if item not in live:
-                        item.error = Cancelled()
-            else:
-                for item in picked:
-                    self._run_one(item)
-            self.ran += len(picked)
-            for item in picked:
-                item.done.set()
+            with preemptible(lambda: self._yield_to_urgent(picked)):
+                self._execute(picked)

@@ -56,6 +56,8 @@ def serve(engine, conn, flow_batch: int = 1, aging: float = PRIORITY_AGING) -> N
                     if r.cancelled.is_set():
                         break
                     send(("chunk", r.id, chunk.numpy()))
+                    if not r.heard:
+                        scheduler.heard(r)
             if r.end():
                 send(("done", r.id, None if call is None else {"backend_seconds": call.backend_seconds}))
         except Cancelled:
