@@ -176,12 +176,41 @@ def test_bulk_work_waits_while_a_listener_awaits_its_first_packet_and_runs_when_
     sched.close()
 
     short = SpeechScheduler(starve_after=30.0, hold_first=0.3)
-    short.bind(LiveRequest(3, "duplex", {"priority": "interactive"}))  # never makes a chunk
+    short.bind(LiveRequest(3, "synthesize", {"priority": "interactive", "stream": True}))  # never makes a chunk
     short.bind(LiveRequest(4, "synthesize", {"priority": "bulk"}))
     done = []
     short.run(True, lambda: done.append("bulk"))  # returns once the hold has ended
     short.close()
     assert done == ["bulk"]
+
+
+@pytest.mark.quick
+def test_a_duplex_session_holds_bulk_work_only_once_its_text_has_come():
+    """A WebSocket session that sends no text has nothing to say yet: it holds nothing (a client opening
+    sessions without text cannot stall the bulk work). Its first text piece starts its hold."""
+    sched = SpeechScheduler(starve_after=30.0, hold_first=60.0)
+    session = LiveRequest(1, "duplex", {"priority": "interactive"})
+    sched.bind(session)
+    done = []
+
+    def bulk_item(n: int) -> None:
+        sched.bind(LiveRequest(10 + n, "synthesize", {"priority": "bulk"}))
+        sched.run(True, lambda: done.append(n))
+
+    t = threading.Thread(target=bulk_item, args=(1,))
+    t.start()
+    t.join(5)
+    assert done == [1], "bulk work waited for a session that has sent no text"
+    session.text.put("你好。")
+    assert next(session.pieces()) == "你好。"  # the worker reads its first text: the session waits for audio now
+    t = threading.Thread(target=bulk_item, args=(2,))
+    t.start()
+    time.sleep(0.3)
+    assert done == [1] and sched.pending() == 1, "bulk work ran while a speaking session waited for its first packet"
+    sched.heard(session)
+    t.join(10)
+    assert done == [1, 2]
+    sched.close()
 
 
 # ---------------------------------------------------------------------------------------- the LM client

@@ -18,6 +18,7 @@ class LiveRequest:
     cancelled: threading.Event = field(default_factory=threading.Event)
     chunks: int = 0  # flow/HiFT work items run so far
     heard: bool = False  # its first audio chunk was sent (a listener's hold on less urgent work ends)
+    first_text: float | None = None  # "duplex": when its first text piece came (a listener's hold starts)
     text: queue.Queue = field(default_factory=queue.Queue)  # "duplex": text pieces, None ends the text
     _ended: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -33,6 +34,8 @@ class LiveRequest:
                 continue
             if piece is None:
                 return
+            if self.first_text is None:
+                self.first_text = time.monotonic()
             yield piece
 
     def end(self) -> bool:

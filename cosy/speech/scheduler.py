@@ -8,8 +8,9 @@ never fight over them. Policy: the request's priority class first (`cosy.pipelin
 listener's stream is not held up by bulk work), then first chunks before later ones (they decide
 first-packet latency), otherwise oldest request first. An item moves up one class for every `aging` seconds
 it waits (the worker queue's rule, `aged_rank`), and one that has waited `starve_after` seconds counts as a
-first chunk, so no request starves. While a listener (a streaming request) waits for its first packet, work of
-a less urgent class is not started (for at most `hold_first` s per listener): the cores go to that listener's LM
+first chunk, so no request starves. While a listener (a streaming request; a duplex session once its first text
+has come) waits for its first packet, work of a less urgent class is not started (for at most `hold_first` s per
+listener): the cores go to that listener's LM
 (the backend, or the embedded LM) instead of bulk flows, and each of the items its first packet needs (the first
 chunk's prompt part computed ahead, the chunk's flow, its vocoder step: queued one after the other by its
 thread) finds the runner free. The hold ends when the worker sends the first chunk (`heard`); the held work runs
@@ -149,13 +150,20 @@ class SpeechScheduler:
 
     def _held_above(self, now: float) -> tuple[int | None, float]:
         """(the most urgent class of a listener still waiting for its first packet with no item queued, None
-        when there is none; s until the earliest of their holds ends). Forgets listeners that were heard, ended,
-        were cancelled or waited `hold_first` s."""
+        when there is none; s until the earliest of their holds ends). A duplex session's hold starts with its first
+        text piece: one that sends no text holds nothing. Forgets listeners that were heard, ended, were cancelled
+        or waited `hold_first` s."""
         rank, until = None, self.hold_first
         queued = {id(i.request) for i in self._items}
         for key, r in list(self._listeners.items()):
-            left = r.arrival + self.hold_first - now
-            if r.heard or r.cancelled.is_set() or r._ended or left <= 0:
+            if r.heard or r.cancelled.is_set() or r._ended:
+                del self._listeners[key]
+                continue
+            since = r.first_text if r.kind == "duplex" else r.arrival
+            if since is None:  # a duplex session without text yet: nothing to hold for
+                continue
+            left = since + self.hold_first - now
+            if left <= 0:
                 del self._listeners[key]
                 continue
             if key in queued:  # its queued item ranks by class
