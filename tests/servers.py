@@ -140,7 +140,10 @@ class App:
     def __init__(self, *args: str):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        # each app its own gradio dir, as in production (this process's import of cosy.frontend.server set
+        # GRADIO_TEMP_DIR to its own: inherited, every app would share one, and one app's clean-up of a refused
+        # upload would remove another's cached example of the same file)
+        env = {k: v for k, v in os.environ.items() if k != "GRADIO_TEMP_DIR"} | {"PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), *args, "--host", "127.0.0.1", "--port",
                                       str(self.port)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True)

@@ -64,7 +64,7 @@ def test_the_webuis_example_files_outlive_the_pruner(tmp_path):
     os.utime(example, (time.time() - 7200, time.time() - 7200))  # assets checked out two hours ago
     bounds = store.Bounds(max_age=600, max_bytes=1 << 30)
     pruner = store.Pruner([(gradio, bounds)], interval=0.05)
-    pruner.pin(gradio)  # (app.py: right after building the page)
+    store.pin(gradio)  # (app.py: right after building the page)
     upload = gradio / "ab12" / "old_upload.wav"
     upload.parent.mkdir()
     upload.write_bytes(b"x")
@@ -75,6 +75,7 @@ def test_the_webuis_example_files_outlive_the_pruner(tmp_path):
         time.sleep(0.05)
     pruner.stop()
     assert not upload.exists() and example.exists()  # an old upload goes; the example stays
+    assert store.pinned(example)  # (nor does a refused upload of the same file remove it: gradio_api._Uploads)
     assert store.prune(gradio, bounds) == 0 and not example.exists()  # (unpinned, it would go at once)
 
 

@@ -91,8 +91,8 @@ class _Uploads:
         for stored, original, created in self.items:
             if stored is not None and (created or audio):
                 stored.unlink(missing_ok=True)
-            if audio and is_in_or_equal(str(original), get_upload_folder()):
-                original.unlink(missing_ok=True)  # gradio's own temp copy: of no use to anyone
+            if audio and is_in_or_equal(str(original), get_upload_folder()) and not store.pinned(original):
+                original.unlink(missing_ok=True)  # gradio's own temp copy: of no use to anyone (not an example's)
 
 
 @contextmanager

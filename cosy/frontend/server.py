@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # before gradio is imported: no calls home
 from cosy.frontend import store  # noqa: E402
@@ -249,7 +250,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         stores = [(service.data.uploads, service.data.upload_bounds), (store.RESULTS, gradio_api.RESULT_BOUNDS)]
         if OWN_GRADIO_TEMP:
             stores.append((store.GRADIO_TEMP, gradio_api.RESULT_BOUNDS))
-        pruner = store.Pruner(stores)  # started once the page is built (`pin`)
+        pruner = store.Pruner(stores)  # started once the page is built (`store.pin`)
         from cosy.frontend import http_api
         from cosy.frontend.ws_tasks import MAX_MESSAGE_BYTES
         ready = readiness(service, args.llm_base_url, args.llm_api_key)
@@ -258,8 +259,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         # the gradio queue must let every request a worker can hold through at once
         app = build_app(service, args.workers * service.pool.max_batch, args.max_queue,
                         extensions=[lambda app: http_api.install(app, service, api_key=args.api_key, ready=ready)])
-        if OWN_GRADIO_TEMP:
-            pruner.pin(store.GRADIO_TEMP)  # the examples' cached files, made while the page was built
+        store.pin(Path(os.environ["GRADIO_TEMP_DIR"]))  # the examples' cached files, made while the page was built
         pruner.start()
         # uvicorn handles SIGINT/SIGTERM: stop accepting, end open requests (5 s), then return here and
         # re-raise the signal to the handler that was there before: for SIGTERM, ours (no-op), so that the

@@ -87,12 +87,27 @@ def prune(root: Path, bounds: Bounds, keep: Path | None = None, pinned: frozense
     return total
 
 
+_pinned: frozenset[Path] = frozenset()  # this process's pinned files (`pin`)
+
+
+def pin(root: Path) -> None:
+    """Keep the files now under `root` for the process's life: gradio's cached copies of the WebUI's
+    examples, made when the page is built, which keep their assets' old modification times (by age they
+    would go at the first pass, and the examples with them). Neither a `Pruner` nor a refused upload's
+    clean-up removes them: an upload of the same file is stored at the same path (content-addressed)."""
+    global _pinned
+    _pinned = _pinned | {p for _, _, p in _files(root)}
+
+
+def pinned(path: Path) -> bool:
+    return path in _pinned
+
+
 class Pruner:
-    """Prunes (root, bounds) pairs every `interval` seconds until `stop()`, never the files of `pin`."""
+    """Prunes (root, bounds) pairs every `interval` seconds until `stop()`, never the `pin`ned files."""
 
     def __init__(self, stores: list[tuple[Path, Bounds]], interval: float = 30.0):
         self.stores, self.interval = stores, interval
-        self.pinned: frozenset[Path] = frozenset()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="store-pruner")
 
@@ -104,15 +119,9 @@ class Pruner:
         while not self._stop.wait(self.interval):
             for root, bounds in self.stores:
                 try:
-                    prune(root, bounds, pinned=self.pinned)
+                    prune(root, bounds, pinned=_pinned)
                 except OSError:
                     pass
-
-    def pin(self, root: Path) -> None:
-        """Keep the files now under `root` for the process's life: gradio's cached copies of the WebUI's
-        examples, made when the page is built, which keep their assets' old modification times (by age they
-        would go at the first pass, and the examples with them)."""
-        self.pinned = self.pinned | {p for _, _, p in _files(root)}
 
     def stop(self) -> None:
         self._stop.set()
