@@ -33,9 +33,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from lm_throughput import start_backend  # noqa: E402
 from models import add_model_args, model_dir  # noqa: E402
+from voice_prompt import PROMPT_TEXT, PROMPT_WAV  # noqa: E402
 
-ZS_WAV = ROOT / "assets" / "zero_shot_prompt.wav"
-ZS_TEXT = "希望你以后能够做的比我还好呦。"
 KEY = "bench-key"
 
 
@@ -69,7 +68,7 @@ def main() -> int:
     try:
         data = work / "data"
         cosy("--model_dir", md, "--data_dir", data, "--mode", "zero_shot", "--text", "你好。", "--prompt_text",
-             ZS_TEXT, "--prompt_wav", ZS_WAV, "--save_voice", "bench", *remote, "--out", work / "voice.wav")
+             PROMPT_TEXT, "--prompt_wav", PROMPT_WAV, "--save_voice", "bench", *remote, "--out", work / "voice.wav")
         text = args.text
         lines = [{"id": f"l{k:03d}", "text": text, "voice_id": "bench", "seed": k} for k in range(args.lines)]
         manifest = work / "lines.jsonl"

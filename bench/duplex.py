@@ -25,11 +25,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from voice_prompt import PROMPT_TEXT, PROMPT_WAV  # noqa: E402
+
 from cosy.pipeline.request import SynthesisRequest  # noqa: E402
 from cosy.service.workers import EngineSpec, WorkerPool  # noqa: E402
 
-PROMPT_WAV = ROOT / "assets" / "zero_shot_prompt.wav"
-PROMPT_TEXT = "希望你以后能够做的比我还好呦。"
 TEXT = "收到好友从远方寄来的生日礼物，那份意外的惊喜与深深的祝福让我心中充满了甜蜜的快乐，笑容如花儿般绽放。"
 
 

@@ -38,14 +38,11 @@ from devices import add_device_args, check_device_args, sync  # noqa: E402
 from models import add_model_args  # noqa: E402
 from models import model_dir as bench_model_dir  # noqa: E402
 from synthesis import FixedLengthLM  # noqa: E402  (the same fixed-count LM as the in-process benchmark)
+from voice_prompt import PROMPT_TEXT, PROMPT_WAV, TEXT  # noqa: E402
 
 from cosy.model.precision import DTYPES  # noqa: E402
 from cosy.pipeline.request import SynthesisRequest  # noqa: E402
 from cosy.service.workers import EngineSpec, WorkerPool  # noqa: E402
-
-PROMPT_WAV = ROOT / "assets" / "zero_shot_prompt.wav"
-PROMPT_TEXT = "希望你以后能够做的比我还好呦。"
-TEXT = "收到好友从远方寄来的生日礼物，那份意外的惊喜与深深的祝福让我心中充满了甜蜜的快乐。"
 
 
 def fix_tokens(engine, n: int) -> None:  # runs in the worker process

@@ -22,7 +22,6 @@ import argparse
 import functools
 import json
 import os
-import statistics
 import sys
 import tempfile
 import threading

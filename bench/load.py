@@ -16,14 +16,10 @@ import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import httpx
+from voice_prompt import PROMPT_TEXT, PROMPT_WAV, TEXT
 
-ROOT = Path(__file__).resolve().parent.parent
-PROMPT_WAV = ROOT / "assets" / "zero_shot_prompt.wav"
-PROMPT_TEXT = "希望你以后能够做的比我还好呦。"
-TEXT = "收到好友从远方寄来的生日礼物，那份意外的惊喜与深深的祝福让我心中充满了甜蜜的快乐。"
 INSTRUCT = "用开心的语气说这句话"
 RATE = 24000
 MODES = ("zero_shot", "cross_lingual", "instruct", "voice")

@@ -44,12 +44,10 @@ sys.path.insert(0, str(ROOT / "bench"))
 from deployment import READY, stop  # noqa: E402
 from lm_throughput import start_backend  # noqa: E402
 from provenance import provenance  # noqa: E402
+from voice_prompt import PROMPT_TEXT, PROMPT_WAV, TEXT  # noqa: E402
 
 from cosy.frontend.qos import Playback  # noqa: E402
 
-PROMPT_WAV = ROOT / "assets" / "zero_shot_prompt.wav"
-PROMPT_TEXT = "希望你以后能够做的比我还好呦。"
-TEXT = "收到好友从远方寄来的生日礼物，那份意外的惊喜与深深的祝福让我心中充满了甜蜜的快乐。"
 RATE = 24000  # pcm16 mono
 SETTINGS = ("on", "off")
 

@@ -42,8 +42,8 @@ from soak_probe import AppProcess, free_port, pool_state, show, snapshot, wait_i
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-PROMPT_WAV = ROOT / "assets" / "zero_shot_prompt.wav"
-PROMPT_TEXT = "希望你以后能够做的比我还好呦。"
+from voice_prompt import PROMPT_TEXT, PROMPT_WAV  # noqa: E402
+
 TEXTS = ["你好。", "今天天气很好，我们一起去公园散步。",
          "收到好友从远方寄来的生日礼物，那份意外的惊喜与深深的祝福让我心中充满了甜蜜的快乐。"]
 

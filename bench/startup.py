@@ -30,14 +30,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-ASSETS = ROOT / "assets"
-PROMPT_TEXT = "希望你以后能够做的比我还好呦。"
+from voice_prompt import PROMPT_TEXT, PROMPT_WAV  # noqa: E402
 
 
 def commands(model: Path, out: Path) -> dict[str, list[str]]:
     build = f"from cosy.pipeline.engine import Engine; Engine.from_model_dir({str(model)!r})"
     cli = ["-m", "cosy", "--model_dir", str(model), "--mode", "zero_shot", "--text", "Hello 123, 你好。",
-           "--prompt_text", PROMPT_TEXT, "--prompt_wav", str(ASSETS / "zero_shot_prompt.wav"), "--stream",
+           "--prompt_text", PROMPT_TEXT, "--prompt_wav", str(PROMPT_WAV), "--stream",
            "--seed", "1", "--out", str(out)]
     return {"build": ["-c", build], "cli": cli}
 

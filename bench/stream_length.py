@@ -28,12 +28,12 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from models import DEFAULT_DIRS, add_model_args, model_dir  # noqa: E402
+from voice_prompt import PROMPT_WAV  # noqa: E402
 
 from cosy.pipeline.engine import Engine  # noqa: E402
 from cosy.pipeline.stream_vocoder import CausalStreamVocoder, RevocodeVocoder  # noqa: E402
 from cosy.pipeline.token2wav import FlowPrompt  # noqa: E402
 
-PROMPT_WAV = ROOT / "assets" / "zero_shot_prompt.wav"
 TOKENS_PER_SECOND = 25  # both families' speech token rate
 PIECE = 25  # tokens per LM delivery
 

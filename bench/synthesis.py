@@ -34,15 +34,13 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from devices import add_device_args, check_device_args, peak_gpu, sync  # noqa: E402
 from models import add_model_args, model_dir  # noqa: E402
+from voice_prompt import PROMPT_TEXT, PROMPT_WAV, TEXT  # noqa: E402
 
 from cosy.lm.fixed_length import FixedLengthLM  # noqa: E402,F401  (bench/frontend.py imports it from here)
 from cosy.model.precision import cpu_bf16_units, describe, resolve_dtype  # noqa: E402
 from cosy.pipeline.engine import Engine, SynthesisRequest  # noqa: E402
 from cosy.pipeline.token2wav import FlowPrompt  # noqa: E402
 
-PROMPT_WAV = ROOT / "assets" / "zero_shot_prompt.wav"
-PROMPT_TEXT = "希望你以后能够做的比我还好呦。"
-TEXT = "收到好友从远方寄来的生日礼物，那份意外的惊喜与深深的祝福让我心中充满了甜蜜的快乐。"
 MODES = {
     "zero_shot": dict(prompt_text=PROMPT_TEXT, prompt_wav=PROMPT_WAV),
     "cross_lingual": dict(prompt_wav=PROMPT_WAV),
