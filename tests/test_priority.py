@@ -20,7 +20,8 @@ from cosy.frontend.service import FrontendService, parse_priorities
 from cosy.lm.call import current_call, lm_call
 from cosy.lm.remote import RemoteLM
 from cosy.pipeline.request import PRIORITIES, SynthesisError, SynthesisRequest, default_priority
-from cosy.service.workers import EngineSpec, JobTrace, QueueFull, WorkerPool
+from cosy.service.job_queue import JobTrace, QueueFull
+from cosy.service.workers import EngineSpec, WorkerPool
 from cosy.speech.request import LiveRequest
 from cosy.speech.scheduler import SpeechScheduler
 

@@ -11,7 +11,8 @@ from worker_hooks import unhurried_lm
 
 from cosy.errors import JobError
 from cosy.pipeline.request import SynthesisRequest
-from cosy.service.workers import EngineSpec, QueueFull, WorkerPool
+from cosy.service.job_queue import QueueFull
+from cosy.service.workers import EngineSpec, WorkerPool
 
 ZS_WAV = str(ASSETS / "zero_shot_prompt.wav")
 ZS_TEXT = "希望你以后能够做的比我还好呦。"

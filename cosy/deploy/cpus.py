@@ -11,7 +11,9 @@ the thread counts follow the cores a process may use (not the machine's count).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, MutableMapping
+import threading
+from collections.abc import Iterator, Mapping, MutableMapping
+from contextlib import contextmanager
 
 __all__ = ["allowed_cpus", "format_cpus", "lower_priority", "lowest_nice", "parse_cpus", "pin", "priority_refusal",
            "sleep_idle_threads", "usable_cores", "worker_thread_env", "worker_threads"]
@@ -96,6 +98,27 @@ def worker_thread_env(threads: int, n_workers: int, env: Mapping[str, str] = os.
         if total := _count(env, name):
             out[name] = str(max(1, total // n_workers))
     return out
+
+
+_ENVIRON = threading.Lock()  # one `spawn_environment` at a time
+
+
+@contextmanager
+def spawn_environment(changes: dict[str, str]) -> Iterator[None]:
+    """os.environ with `changes` while a worker process starts: multiprocessing's spawn has no environment of
+    its own to give, and the worker's libraries read theirs (`worker_thread_env`) before any code of ours runs
+    there (its unpickling imports the parent's main module). Restored at once."""
+    with _ENVIRON:
+        saved = {name: os.environ.get(name) for name in changes}
+        os.environ.update(changes)
+        try:
+            yield
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
 
 
 def sleep_idle_threads(env: MutableMapping[str, str]) -> None:

@@ -41,7 +41,8 @@ from cosy.pipeline.request import (
     priority_rank,
 )
 from cosy.pipeline.timing import SentenceMark, SentenceTiming
-from cosy.service.workers import JobTrace, WorkerPool
+from cosy.service.job_queue import JobTrace
+from cosy.service.workers import WorkerPool
 from cosy.text.control import plain_text
 from cosy.text.language import check_family_language
 from cosy.text.lexicon import request_fixes

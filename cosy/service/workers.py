@@ -1,18 +1,13 @@
-"""Synthesis worker processes behind one fair queue, shared by the WebUI and every API of a frontend.
+"""Synthesis worker processes behind one queue, shared by the WebUI and every API of a frontend.
 
 Each worker process holds its own `Engine` (text frontend, prompt encoder, flow, HiFT, and the embedded
 LM or a client of the LM backends) and serves up to `max_batch` requests at once (`cosy.speech`; 1 keeps
-the one-request-at-a-time loop), so `--workers N` serves N x max_batch requests. Jobs wait in one queue served
-by priority class (`cosy.pipeline.request.PRIORITIES`: interactive, default, bulk), then by arrival: a worker
-with a free slot takes the most urgent job. Aging keeps bulk work from starving: a job moves up one class for
-every `aging` seconds it has waited. Once the pool has had an interactive request, a worker of max_batch > 1
-keeps its last slot for interactive ones, so a listener's stream starts at once beside a worker full of bulk
-work (a pool that only ever gets default or bulk work, a batch run's, uses every slot); nothing running is
-ever preempted.
-`submit` refuses at once with `QueueFull` (the HTTP layer answers 429 with Retry-After) instead of letting
-callers hang, when `max_queue` jobs of the new one's class or a more urgent one wait: bulk work that fills the
-queue never locks a listener out. With `priorities` off every job is of one class: one FIFO queue, no slot
-kept, the LM requests without priorities. A caller that
+the one-request-at-a-time loop), so `--workers N` serves N x max_batch requests. Jobs wait in one
+`JobQueue` (`cosy.service.job_queue`: by priority class, then arrival, with aging; bounded per class, so
+`submit` refuses at once with `QueueFull`, which the HTTP layer answers 429 with Retry-After, instead of
+letting callers hang; a slot kept for interactive jobs): a worker with a free slot takes the most urgent job,
+and nothing running is ever preempted. With `priorities` off every job is of one class: one FIFO queue, no
+slot kept, the LM requests without priorities. A caller that
 goes away cancels its job wherever it is: a waiting job leaves the queue at once (it no longer counts in
 `waiting`), a running one stops at its next LM token (a remote LM request is aborted); at max_batch 1
 also inside flow/HiFT, within one tensor operation: the worker learns it through a shared event (seen
@@ -30,19 +25,17 @@ import os
 import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 
 import numpy as np
 
-from cosy.deploy.cpus import sleep_idle_threads, worker_thread_env, worker_threads
+from cosy.deploy.cpus import sleep_idle_threads, spawn_environment, worker_thread_env, worker_threads
 from cosy.deploy.hosts import all_on_this_machine
-from cosy.errors import Busy, Cancelled, JobError, Unavailable
-from cosy.pipeline.request import PRIORITIES, PRIORITY_AGING, SynthesisRequest, aged_rank, priority_rank
+from cosy.errors import Cancelled, JobError, Unavailable
+from cosy.pipeline.request import PRIORITIES, PRIORITY_AGING, SynthesisRequest, priority_rank
 from cosy.pipeline.timing import SentenceMark
 from cosy.prompt.encoder import PromptFeatures
+from cosy.service.job_queue import Job, JobQueue, JobTrace
 from cosy.service.placement import device_of_worker
 from cosy.service.process import DUMP, INTERRUPT, EngineSpec, worker_main
 
@@ -55,61 +48,9 @@ CANCEL_GRACE = 90.0
 SHUTTING_DOWN = ("ShuttingDown", "the server is shutting down; retry", 503, None)  # a job's error tuple
 
 
-_ENVIRON = threading.Lock()  # one `_environment` at a time
-
-
-@contextmanager
-def _environment(changes: dict[str, str]) -> Iterator[None]:
-    """os.environ with `changes` while a worker process starts: multiprocessing's spawn has no environment of
-    its own to give, and the worker's libraries read theirs (`worker_thread_env`) before any code of ours runs
-    there (its unpickling imports the parent's main module). Restored at once."""
-    with _ENVIRON:
-        saved = {name: os.environ.get(name) for name in changes}
-        os.environ.update(changes)
-        try:
-            yield
-        finally:
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
-
-
 class ShuttingDown(Unavailable):
     def __init__(self):
         super().__init__(SHUTTING_DOWN[1], retry_after=1.0)
-
-
-class QueueFull(Busy):
-    def __init__(self, waiting: int, retry_after: float):
-        super().__init__(f"the server is busy ({waiting} requests waiting); retry in {retry_after:.0f} s",
-                         retry_after=retry_after)
-
-
-@dataclass
-class JobTrace:
-    """What the pool learns of a job for its caller's metrics."""
-
-    queue_wait: float | None = None  # s from `submit` until a worker took it
-    backend_seconds: float | None = None  # s the worker waited for the LM backends' tokens (at its end)
-
-
-@dataclass
-class Job:
-    id: int
-    kind: str  # "synthesize" (payload: SynthesisRequest.to_wire()) or "features" (payload: {"source": path})
-    payload: dict
-    out: queue.Queue = field(default_factory=queue.Queue)  # ("chunk"|"mark"|"taken"|"result"|"done"|"error", data)
-    cancelled: threading.Event = field(default_factory=threading.Event)
-    submitted: float = field(default_factory=time.monotonic)
-    text: queue.Queue | None = None  # "duplex": text pieces for the worker, None ends the text
-    rank: int = 1  # its priority class (0 most urgent; `priority_rank`)
-    trace: JobTrace = field(default_factory=JobTrace)
-
-    def urgency(self, now: float, aging: float) -> tuple[float, float]:
-        """Its place in the queue (lowest first): its class, one up for every `aging` s waited, then arrival."""
-        return aged_rank(self.rank, now - self.submitted, aging), self.submitted
 
 
 class WorkerPool:
@@ -123,11 +64,10 @@ class WorkerPool:
             raise ValueError("aging must be > 0 seconds")
         self.spec, self.n_workers, self.max_queue = spec, workers, max_queue
         self.priorities, self.aging = priorities, aging
-        self._interactive_seen = False  # then each worker keeps a slot for interactive jobs (see `_take`)
         self.max_batch = spec.max_batch  # jobs one worker process holds at once
         self.start_timeout = start_timeout
         self.sample_rate = 24000
-        self._waiting: deque[Job] = deque()  # guarded by _ready
+        self._waiting = JobQueue(max_queue, aging, spec.max_batch, keep_interactive_slot=priorities)  # under _ready
         self._ready = threading.Condition()
         self._ids = itertools.count(1)
         self._busy = 0
@@ -184,7 +124,7 @@ class WorkerPool:
         spec = self.worker_spec(index)
         proc = ctx.Process(target=worker_main, args=(spec, child, cancel, self.backend_health, self.worker_prepare),
                            daemon=True)
-        with _environment(worker_thread_env(spec.threads, self.n_workers)):
+        with spawn_environment(worker_thread_env(spec.threads, self.n_workers)):
             proc.start()
         child.close()
         if not parent.poll(self.start_timeout):
@@ -213,7 +153,7 @@ class WorkerPool:
                     self._ready.wait()
                 if self._closing:
                     return
-                while len(live) + len(new) < self.max_batch and (job := self._take(len(live) + len(new))):
+                while len(live) + len(new) < self.max_batch and (job := self._waiting.take(len(live) + len(new))):
                     new.append(job)
                 with self._lock:  # counted busy before it stops counting as waiting: no gap in the metrics
                     self._busy += len(new)
@@ -270,21 +210,6 @@ class WorkerPool:
                     log.exception("worker %d could not be restarted", index)
                     return
 
-    def _take(self, held: int) -> Job | None:
-        """The most urgent waiting job a worker holding `held` jobs may take (out of the queue), or None.
-        The last of its max_batch slots is for interactive jobs only (their class, not aged into it), so a
-        listener's stream starts beside a worker full of bulk work (once the pool has had one: a batch run's
-        pool uses every slot). Called with `_ready` held."""
-        self._waiting = deque(j for j in self._waiting if not j.cancelled.is_set())
-        reserved = self._interactive_seen and self.max_batch > 1 and held >= self.max_batch - 1
-        now = time.monotonic()
-        fit = [j for j in self._waiting if not reserved or j.rank == 0]
-        if not fit:
-            return None
-        job = min(fit, key=lambda j: j.urgency(now, self.aging))
-        self._waiting.remove(job)
-        return job
-
     def _kill_stuck(self, index: int, conn, jobs: list[int]) -> None:
         """A worker whose every job is cancelled has not ended them in `cancel_grace` s: it is stuck
         (nobody waits for its output). Its stacks go to its stderr (SIGUSR2), then it is killed; the
@@ -335,13 +260,7 @@ class WorkerPool:
         with self._ready:
             if self._draining or self._closing:
                 raise ShuttingDown()
-            live = [j for j in self._waiting if not j.cancelled.is_set()]
-            self._waiting = deque(live)
-            ahead = sum(j.rank <= rank for j in live)
-            if ahead >= self.max_queue:
-                raise QueueFull(ahead, self._job_seconds * (ahead + 1) / (self.n_workers * self.max_batch))
-            self._waiting.append(job)
-            self._interactive_seen |= rank == 0 and self.priorities
+            self._waiting.add(job, self._job_seconds / (self.n_workers * self.max_batch))
             self._ready.notify()
         return job
 
@@ -349,10 +268,7 @@ class WorkerPool:
         """The caller went away: a waiting job leaves the queue now, a running one is stopped by its worker."""
         job.cancelled.set()
         with self._ready:
-            try:
-                self._waiting.remove(job)
-            except ValueError:
-                pass  # running or finished
+            self._waiting.remove(job)
 
     def _results(self, job: Job) -> Iterator[tuple[str, object]]:
         finished = False
@@ -424,7 +340,7 @@ class WorkerPool:
     def stats(self) -> dict:
         """workers, busy (jobs running), waiting (and `waiting_by_priority`: by class), max_batch, capacity."""
         with self._ready:
-            ranks = [j.rank for j in self._waiting if not j.cancelled.is_set()]
+            ranks = self._waiting.ranks()
             with self._lock:
                 busy = self._busy
         return {"workers": self.n_workers, "busy": busy, "waiting": len(ranks), "max_batch": self.max_batch,
@@ -442,7 +358,7 @@ class WorkerPool:
         running jobs were ended so."""
         with self._ready:
             self._draining = True
-            waiting, self._waiting = list(self._waiting), deque()
+            waiting = self._waiting.take_all()
         for job in waiting:
             job.out.put(("error", SHUTTING_DOWN))
         deadline = time.monotonic() + timeout
@@ -464,7 +380,7 @@ class WorkerPool:
             if self._closing and not self._procs:
                 return
             self._closing = True
-            waiting, self._waiting = list(self._waiting), deque()
+            waiting = self._waiting.take_all()
             self._ready.notify_all()
         for job in waiting:
             job.out.put(("error", SHUTTING_DOWN))
