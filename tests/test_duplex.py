@@ -12,6 +12,7 @@ import pytest
 from conftest import ASSETS
 
 from cosy.errors import Cancelled
+from cosy.pipeline.duplex import text_segments
 from cosy.pipeline.engine import Engine
 from cosy.pipeline.request import LM_DUPLEX_SEGMENT_TOKENS, SynthesisError, SynthesisRequest, lm_tokens_needed
 from cosy.service.workers import EngineSpec, WorkerPool
@@ -124,7 +125,7 @@ def test_duplex_segments_hold_at_most_the_budgeted_ids(tiny_model_dir):
     context holds one segment however long the streamed text (check_lm_budget keeps room for one)."""
     engine = Engine.from_model_dir(tiny_model_dir)
     pieces = ["今天天气很好我们一起去公园散步看看花草树木听听鸟儿唱歌"] * 12 + ["。", "好。"]
-    segments = [[ids[0] for ids in segment] for segment in engine._segments(iter(pieces))]
+    segments = [[ids[0] for ids in segment] for segment in text_segments(engine.text, iter(pieces))]
     every = [i for _, ids in ((p, engine.text.encode(p)) for p in pieces) for i in ids]
     assert [i for s in segments for i in s] == every  # all of the text, in order, one id per piece
     assert max(map(len, segments)) == LM_DUPLEX_SEGMENT_TOKENS and len(segments) >= 3

@@ -18,7 +18,8 @@ import pytest
 import torch
 from conftest import ASSETS
 
-from cosy.pipeline.engine import Engine, _streams
+from cosy.pipeline.duplex import token_streams
+from cosy.pipeline.engine import Engine
 from cosy.pipeline.request import LM_DUPLEX_SEGMENT_TOKENS, SynthesisRequest
 from cosy.pipeline.token2wav_stream import stream_room
 from cosy.service.workers import EngineSpec, WorkerPool
@@ -88,7 +89,7 @@ def test_a_stream_takes_segments_while_the_longest_still_fits(tiny_model_dir, un
 
 @pytest.mark.quick
 def test_streams_group_segments_and_read_the_next_only_to_go_on():
-    """`_streams` on plain segments: a stream ends after the segment that takes it past `fill`; a segment is
+    """`token_streams` on plain segments: a stream ends after the segment that takes it past `fill`; a segment is
     never split; the next segment is not read before a finished stream's tokens have all been taken."""
     read = []
 
@@ -96,12 +97,12 @@ def test_streams_group_segments_and_read_the_next_only_to_go_on():
         for i, n in enumerate([3, 2, 4, 1, 5]):
             read.append(i)
             yield i, iter(range(10 * i, 10 * i + n))
-    streams = _streams(segments(), fill=4)
+    streams = token_streams(segments(), fill=4)
     first, tokens = next(streams)
     assert first == 0 and list(tokens) == [0, 1, 2, 10, 11] and read == [0, 1]  # 3 <= 4 goes on; 5 > 4 ends
     got = [(first, list(tokens)) for first, tokens in streams]
     assert got == [(2, [20, 21, 22, 23, 30]), (4, [40, 41, 42, 43, 44])]
-    assert [t for _, ts in _streams(iter([(0, iter([1, 2]))]), fill=-1) for t in ts] == [1, 2]
+    assert [t for _, ts in token_streams(iter([(0, iter([1, 2]))]), fill=-1) for t in ts] == [1, 2]
 
 
 def test_a_long_cosyvoice3_duplex_utterance_is_spoken_whole(tiny_cv3_model_dir):

@@ -1,7 +1,7 @@
 """Sentence marks of a duplex synthesis (`Engine.synthesize_duplex`): where each LM segment lies in the audio
 and in the text the caller streamed.
 
-Several segments share one streaming token2wav (`cosy.pipeline.engine._streams`), so a sentence boundary can
+Several segments share one streaming token2wav (`cosy.pipeline.duplex.token_streams`), so a sentence boundary can
 fall inside an audio chunk. Its place is computed from the speech tokens before it: the flow makes
 `token_mel_ratio` mel frames per token, the speed control stretches frame j of the output from input position
 (j + 0.5) * speed - 0.5 (`cosy.pipeline.speed.MelStretcher`), and HiFT makes `samples_per_frame` samples per

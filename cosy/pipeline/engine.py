@@ -35,7 +35,8 @@ from cosy.model.families.cosyvoice2 import FAMILY as COSYVOICE2
 from cosy.model.family import ModelFamily, import_object
 from cosy.model.files import ModelDir
 from cosy.model.precision import resolve_dtype, set_tf32
-from cosy.pipeline.duplex_marks import CallerText, DuplexMarks, Segment
+from cosy.pipeline.duplex import text_segments, token_streams
+from cosy.pipeline.duplex_marks import CallerText, DuplexMarks
 from cosy.pipeline.lm_input import LMInput, fit_context, lm_input, lm_prompt
 from cosy.pipeline.request import (
     EMBEDDED_LM_MAX_LEN,
@@ -49,7 +50,6 @@ from cosy.pipeline.token2wav_stream import stream_room
 from cosy.prompt.encoder import PromptFeatures, VoicePromptEncoder
 from cosy.speech.scheduler import Batch
 from cosy.text.control import plain_text_origin, streamed_text
-from cosy.text.fixed_stream import fixed_released
 from cosy.text.frontend import TextFrontend
 from cosy.text.language import check_family_language
 from cosy.text.lexicon import document_origin
@@ -57,7 +57,6 @@ from cosy.text.offsets import segment_spans, strip_prefix
 from cosy.text.origin import Origin, caller_spans
 from cosy.text.ssml import Break
 from cosy.text.ssml_text import spoken_runs
-from cosy.text.stream import sentence_parts, stream_released
 from cosy.text.tokenizer import TextTokenizer
 
 log = logging.getLogger(__name__)
@@ -290,9 +289,9 @@ class Engine:
                           on_mark: Callable[[SentenceMark], None] | None = None) -> Iterator[Tensor]:
         """Yield (N,) float32 audio chunks while text pieces arrive (`pieces` may block, e.g. a queue):
         the text is normalized as it streams (`cosy.text.stream`), the LM decodes each segment of it (a
-        sentence, `_segments`) with the official bistream rules (`cosy.lm.bistream`), seeded seed + i as
+        sentence, `text_segments`) with the official bistream rules (`cosy.lm.bistream`), seeded seed + i as
         the other surfaces' sentences are, and a streaming token2wav (one voice, one chunk schedule) makes
-        the audio of its segments, as many as fit one stream (`_streams`; a new one, seeded seed + i at
+        the audio of its segments, as many as fit one stream (`token_streams`; a new one, seeded seed + i at
         segment i, starts where the next could outgrow the flow's fixed noise). `req.text` is ignored
         (`req.duplex` must be set). `on_text` is called with each normalized piece as the LM takes it.
         `on_mark` with each segment's "begin" mark before its first chunk and its "end" mark after its last,
@@ -314,60 +313,16 @@ class Engine:
         pieces = streamed_text(caller.record(pieces), req.language, req.markdown, caller.origins)
         decoded = ((i, bistream_decode(marks.segment(i, segment), prompt_text_ids, prompt_speech,
                                        self._bistream_steps(req, seed + i), self.family))
-                   for i, segment in enumerate(self._segments(pieces, on_text, req.fixes)))
+                   for i, segment in enumerate(text_segments(self.text, pieces, on_text, req.fixes)))
         # a stream takes another segment only while the longest one the LM can make still fits it
         longest = self.family.length_limits(LM_DUPLEX_SEGMENT_TOKENS)[1]
         fill = stream_room(self.t2w, flow_prompt.tokens.shape[1], req.speed) - longest
         req = dataclasses.replace(req, stream=True)
-        for first, tokens in _streams(decoded, fill, marks.started):
+        for first, tokens in token_streams(decoded, fill, marks.started):
             marks.new_stream()
             for chunk in self._token2wav(tokens, flow_prompt, req, seed + first):
                 yield from marks.cut(chunk)
             marks.end_stream()
-
-    def _segments(self, pieces: Iterable[str], on_text: Callable[[str], None] | None = None,
-                  fixes: tuple = ()) -> Iterator[Segment]:
-        """The streamed text as LM segments, each decoded with the official bistream rules on its own (as
-        the other surfaces' text is split into sentences): a segment ends after a sentence's end marks
-        (`cosy.text.stream.sentence_parts`), at LM_DUPLEX_SEGMENT_TOKENS ids, or at the text's end. So a
-        complete sentence is spoken at once, without waiting for more text (within a segment the speech
-        follows the text by the mix ratio), and the LM's context holds one segment however long the text.
-        A segment yields its ids one at a time, as the official frontend feeds bistream
-        (`_extract_text_token_generator`), and keeps the span of the pieces they came from; the next
-        segment is read only when the last is decoded. SynthesisError at the end if nothing speakable came."""
-        ids = self._streamed_ids(pieces, on_text, fixes)
-        for first in ids:
-            def segment(first=first) -> Iterator[tuple[int, int, int]]:
-                token, closes, begin, end = first
-                n = 1
-                yield token, begin, end
-                while not closes and n < LM_DUPLEX_SEGMENT_TOKENS:
-                    token, closes, begin, end = next(ids, (None, True, 0, 0))
-                    if token is None:
-                        return
-                    n += 1
-                    yield token, begin, end
-            yield Segment(segment())
-
-    def _streamed_ids(self, pieces: Iterable[str], on_text: Callable[[str], None] | None = None,
-                      fixes: tuple = ()) -> Iterator[tuple[int, bool, int, int]]:
-        """(text id, whether it ends a sentence, begin, end) of the normalized pieces, in order, with the span
-        of the pieces (joined as sent) each id came from: its part's (`segment_spans`), shared among the
-        part's ids in proportion; SynthesisError at the end if nothing speakable came."""
-        n = 0
-        # pronunciation fixes (`req.fixes`) applied first, as the pieces arrive (`cosy.text.fixed_stream`)
-        for run in fixed_released(self.text, pieces, fixes) if fixes else stream_released(self.text, pieces):
-            if on_text is not None:
-                on_text(run.normalized)
-            parts = sentence_parts(run.normalized)
-            for (part, closes), (b, e) in zip(parts, segment_spans(run.raw, [p for p, _ in parts])):
-                ids = self.text.encode(part)
-                n += len(ids)
-                b, e, m = run.begin + b, run.begin + e, max(1, len(ids))
-                yield from ((i, closes and k == len(ids) - 1, b + (e - b) * k // m, b + (e - b) * (k + 1) // m)
-                            for k, i in enumerate(ids))
-        if n == 0:
-            raise SynthesisError("the text is empty: nothing to speak arrived before its end")
 
     def _bistream_steps(self, req: SynthesisRequest, seed: int):
         params = dataclasses.replace(self.lm.sampling, greedy=True) if req.greedy else self.lm.sampling
@@ -431,41 +386,6 @@ class Engine:
                 close = getattr(tokens, "close", None)
                 if close:
                     close()
-
-
-def _streams(segments: Iterator[tuple[int, Iterator[int]]], fill: int,
-             started: Callable[[int, int], None] | None = None) -> Iterator[tuple[int, Iterator[int]]]:
-    """The speech tokens of `segments` ((index, tokens) each, in order) as consecutive token2wav streams:
-    (index of the stream's first segment, its tokens). A stream ends after the segment that takes it past
-    `fill` tokens (then the longest segment no longer surely fits), or after the last; a segment is never
-    split. The next segment is read only when a stream goes on: a finished stream's audio is all out before
-    the next text is waited for. `started(index, n)`: segment `index` takes its stream's tokens from n on."""
-    segments = iter(segments)
-
-    def stream(first: int, tokens: Iterator[int]) -> Iterator[int]:
-        n = 0
-        if started is not None:
-            started(first, 0)
-        try:
-            while True:
-                for token in tokens:
-                    n += 1
-                    yield token
-                if n > fill:
-                    return
-                following = next(segments, None)
-                if following is None:
-                    return
-                if started is not None:
-                    started(following[0], n)
-                tokens = following[1]
-        finally:  # the caller went away: stop the LM of the segment being decoded
-            close = getattr(tokens, "close", None)
-            if close:
-                close()
-
-    for first, tokens in segments:
-        yield first, stream(first, tokens)
 
 
 def _embedded_context() -> int:
