@@ -51,6 +51,29 @@ def test_damaged_and_unknown_voices_are_clear_errors(tmp_path):
     assert store.list() == []
 
 
+@pytest.mark.parametrize("tensor, value, reason", [
+    ("mel", torch.randn(1, 20, 40), r"mel must be \(1, 20, 80\)"),
+    ("mel", torch.randn(1, 18, 80), r"mel must be \(1, 20, 80\) .* for 10 speech tokens, not \(1, 18, 80\)"),
+    ("mel", torch.full((1, 20, 80), float("nan")), "mel must be .* finite"),
+    ("speech_tokens", torch.randn(1, 10), r"speech_tokens must be .* not \(1, 10\) torch.float32"),
+    ("speech_tokens", torch.full((1, 10), -3, dtype=torch.int32), "speech_tokens must be ids >= 0, not -3"),
+    ("embedding", torch.randn(1, 80), r"embedding must be \(1, 192\)"),
+])
+def test_a_voice_file_of_the_wrong_shapes_is_named_damaged_with_the_reason(tmp_path, tensor, value, reason):
+    """Valid safetensors whose tensors are not a voice's (a file damaged on disk, or written by something else):
+    a 400 naming the tensor, not a crash in the flow of a worker."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+    store = VoiceStore(tmp_path)
+    store.save("v3", "x", features())
+    path = tmp_path / "v3" / "features.safetensors"
+    with safe_open(str(path), framework="pt") as f:
+        meta, tensors = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
+    save_file({**tensors, tensor: value}, str(path), metadata=meta)
+    with pytest.raises(VoiceError, match=f"saved voice 'v3' is damaged \\(ValueError: {reason}"):
+        store.load("v3")
+
+
 def test_a_voice_serves_only_its_own_model_family(tmp_path):
     """Features are the saving model's (speech tokenizer, flow): a CosyVoice2 voice on a CosyVoice3 model is a
     clear error; voices written before the family was recorded count as CosyVoice2's."""

@@ -217,12 +217,14 @@ class VoiceStore:
             with safe_open(str(d / "features.safetensors"), framework="pt") as f:
                 meta = f.metadata() or {}
                 t = {k: f.get_tensor(k) for k in ("speech_tokens", "mel", "embedding")}
-            return Voice(voice_id, meta["prompt_text"], PromptFeatures(t["speech_tokens"], t["mel"], t["embedding"]),
-                         float(meta["created_at"]), meta.get("family", LEGACY_FAMILY))
+            features = PromptFeatures(t["speech_tokens"], t["mel"], t["embedding"]).check()
+            return Voice(voice_id, meta["prompt_text"], features, float(meta["created_at"]),
+                         meta.get("family", LEGACY_FAMILY))
         except (SafetensorError, KeyError, ValueError, OSError) as e:
             if isinstance(e, FileNotFoundError):
                 raise
-            raise VoiceError(f"saved voice '{voice_id}' is damaged ({type(e).__name__}); save it again") from None
+            why = f"{type(e).__name__}: {e}" if type(e) is ValueError else type(e).__name__  # (ours: `check`)
+            raise VoiceError(f"saved voice '{voice_id}' is damaged ({why}); save it again") from None
 
     def list(self) -> list[dict]:
         """[{voice_id, prompt_text, created_at, family}] of every complete voice, newest first (a directory whose

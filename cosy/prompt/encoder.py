@@ -36,6 +36,22 @@ class PromptFeatures:
     mel: torch.Tensor  # (1, 2*Tp, 80) float32, 50 Hz natural-log mel, aligned to the tokens
     embedding: torch.Tensor  # (1, 192) float32 CAM++ speaker embedding
 
+    def check(self) -> "PromptFeatures":
+        """Itself; ValueError naming the first tensor whose shape, dtype or values are not the ones above (a
+        stored voice damaged on disk, or written by something else)."""
+        t, m, e = self.speech_tokens, self.mel, self.embedding
+        if t.dim() != 2 or t.shape[0] != 1 or t.shape[1] == 0 or t.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"speech_tokens must be (1, T>0) ints, not {tuple(t.shape)} {t.dtype}")
+        if int(t.min()) < 0:
+            raise ValueError(f"speech_tokens must be ids >= 0, not {int(t.min())}")
+        if m.dim() != 3 or m.shape[0] != 1 or m.shape[2] != 80 or m.shape[1] != MEL_FRAMES_PER_TOKEN * t.shape[1] \
+                or not m.is_floating_point() or not bool(torch.isfinite(m).all()):
+            raise ValueError(f"mel must be (1, {MEL_FRAMES_PER_TOKEN * t.shape[1]}, 80) finite floats for "
+                             f"{t.shape[1]} speech tokens, not {tuple(m.shape)} {m.dtype}")
+        if tuple(e.shape) != (1, 192) or not e.is_floating_point() or not bool(torch.isfinite(e).all()):
+            raise ValueError(f"embedding must be (1, 192) finite floats, not {tuple(e.shape)} {e.dtype}")
+        return self
+
     def to_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(tokens, mel, embedding) as numpy arrays: what crosses a process boundary."""
         return self.speech_tokens.numpy(), self.mel.numpy(), self.embedding.numpy()
