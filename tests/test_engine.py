@@ -13,7 +13,7 @@ from conftest import ASSETS
 from cosy.audio.io import AudioError, load_prompt_wav
 from cosy.deploy.voices import VoiceError, VoiceStore
 from cosy.lm.model import SpeechLM
-from cosy.pipeline.engine import Engine, SynthesisError, SynthesisRequest
+from cosy.pipeline.engine import Engine, SynthesisError, SynthesisRequest, _within_room
 
 ZS_WAV = ASSETS / "zero_shot_prompt.wav"
 CL_WAV = ASSETS / "cross_lingual_prompt.wav"
@@ -179,3 +179,22 @@ def test_cli_writes_wav_and_saves_voices(tiny_model_dir, tmp_path):
     assert r.returncode == 2 and "unknown voice 'nobody'" in r.stderr and "Traceback" not in r.stderr
     r = run_cli("--model_dir", tmp_path / "missing", "--mode", "cross_lingual", "--text", "hi", "--out", out2)
     assert r.returncode == 2 and "does not exist" in r.stderr
+
+
+def test_a_sentence_past_what_the_flow_holds_is_a_clear_error_and_stops_the_lm():
+    """A sentence without punctuation whose speech would outgrow the flow's fixed noise (the official code fails
+    there with a shape error): the LM is capped at the room (`stream_room`) and reaching it is a 400 that says
+    what to do; the LM's stream is closed (a remote backend aborts the request). Shorter speech passes as is."""
+    closed = []
+
+    def endless():
+        try:
+            while True:
+                yield 1
+        finally:
+            closed.append(True)
+
+    with pytest.raises(SynthesisError, match=r"too long to speak in one piece: its speech reached 4 s, .* punctuation"):
+        list(_within_room(endless(), 100, 25))
+    assert closed == [True]
+    assert list(_within_room(iter(range(99)), 100, 25)) == list(range(99))

@@ -225,12 +225,16 @@ class Engine:
             log.debug("segment %d: %s", i, segment)
             embeds = self._prompt_embeds(text_ids, inputs.prompt_text, inputs.prompt_speech)
             min_len, max_len = self.family.length_limits(len(text_ids))
+            # a sentence the flow cannot hold (its fixed noise): the LM is stopped there, with a clear error
+            room = stream_room(self.t2w, flow_prompt.tokens.shape[1], req.speed)
             params = dataclasses.replace(self.lm.sampling, greedy=True) if req.greedy else None
             apart = {}  # the utterance's first chunk, for its first packet
             if self.split_first and req.stream and i == 0:
                 apart["first"] = self.t2w.first_chunk_tokens(flow_prompt.tokens.shape[1])
-            tokens = drop_long_silence(self.lm.generate(embeds, min_len, max_len, seed=seed + i, params=params,
-                                                        **apart), self.family.tokens)
+            tokens = self.lm.generate(embeds, min_len, min(max_len, room), seed=seed + i, params=params, **apart)
+            if max_len > room:
+                tokens = _within_room(tokens, room, self.family.token_frame_rate)
+            tokens = drop_long_silence(tokens, self.family.tokens)
             yield from self._token2wav(tokens, flow_prompt, req, seed + i, min_len)
             if clock is not None:
                 clock.end()
@@ -386,6 +390,25 @@ class Engine:
                 close = getattr(tokens, "close", None)
                 if close:
                     close()
+
+
+def _within_room(tokens: Iterator[int], room: int, rate: int) -> Iterator[int]:
+    """`tokens`, but SynthesisError once the LM has made `room` of them (the most one utterance's flow holds
+    after this voice prompt: `stream_room`) without stopping. The official code fails there too (its fixed
+    noise is shorter than the mel); a sentence that long has no punctuation to split it at."""
+    n = 0
+    try:
+        for token in tokens:
+            n += 1
+            if n >= room:
+                raise SynthesisError(f"a sentence of the text is too long to speak in one piece: its speech reached "
+                                     f"{room / rate:.0f} s, the most one utterance holds with this voice prompt; "
+                                     "split it with punctuation (。！？.!?)")
+            yield token
+    finally:  # stop the LM now (a remote backend aborts the request)
+        close = getattr(tokens, "close", None)
+        if close:
+            close()
 
 
 def _embedded_context() -> int:
