@@ -101,8 +101,10 @@ def assert_pool_equals_solo(spec, requests: list, solo_engine, prepare=None) -> 
     pool.start()
     try:
         got: dict = {}
-        threads = [threading.Thread(target=lambda i=i, r=r: got.__setitem__(i, np.concatenate(list(pool.synthesize(r)))))
-                   for i, r in enumerate(requests)]
+
+        def run(i: int, r) -> None:
+            got[i] = np.concatenate(list(pool.synthesize(r)))
+        threads = [threading.Thread(target=run, args=(i, r)) for i, r in enumerate(requests)]
         for t in threads:
             t.start()
         for t in threads:
@@ -327,3 +329,4 @@ def small_disk(path: Path, size: str):
     finally:
         subprocess.run(["umount", str(path)], check=False)
 from golden_engines import cv2, cv3  # noqa: E402,F401 -- the golden models as engines, one per module
+from manifests import parsers  # noqa: E402,F401 -- the deployment tests' argparse parsers, one per module

@@ -23,7 +23,8 @@ from cosy.batch.manifest import parse_shard, read_manifest
 ZS_WAV = ASSETS / "zero_shot_prompt.wav"
 CL_WAV = ASSETS / "cross_lingual_prompt.wav"
 ZS_TEXT = "希望你以后能够做的比我还好呦。"
-TEXTS = ["你好。", "天气好。", "去公园。", "谢谢你。", "再见。", "早上好。"]  # short: a random LM speaks 20 tokens a text token
+# short: a random LM speaks 20 tokens a text token
+TEXTS = ["你好。", "天气好。", "去公园。", "谢谢你。", "再见。", "早上好。"]
 
 
 def cosy(*args, **kw) -> subprocess.Popen:

@@ -26,7 +26,6 @@ from cosy.deploy.voices import VoiceError  # noqa: E402
 from cosy.model.files import ALL_FILES, FLOW, HIFT, LLM, YAML, ModelDir, ModelDirError  # noqa: E402
 from cosy.prompt.encoder import PromptFeatures  # noqa: E402
 
-
 MODEL_ID = "iic/CosyVoice2-0.5B"
 
 

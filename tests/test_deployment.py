@@ -1,11 +1,12 @@
 """The deployment as users run it: one vLLM backend, two frontends (`app.py --llm_base_url`) on one data dir.
 
 A reference audio made on one frontend is used from the other (readiness following a killed and restarted
-backend, without a restart of the frontends: test_faults.py). Behind a real HAProxy (`cosy.deploy.haproxy`): a bounded load test (32 concurrent streaming
-requests, loopback only) completes every response over both frontends and prints first-packet p50/p95 and RTF;
-traffic reaches only frontends whose /ready passes, SSE passes unbuffered, a duplex WebSocket task is upgraded
-through it, gradio_client and the WebUI in a real browser stick to one frontend, and a frontend killed mid-run
-fails only its own streams, is taken out by the health check, and leaves new requests to the survivor.
+backend, without a restart of the frontends: test_faults.py). Behind a real HAProxy (`cosy.deploy.haproxy`): a
+bounded load test (32 concurrent streaming requests, loopback only) completes every response over both
+frontends and prints first-packet p50/p95 and RTF; traffic reaches only frontends whose /ready passes, SSE
+passes unbuffered, a duplex WebSocket task is upgraded through it, gradio_client and the WebUI in a real browser
+stick to one frontend, and a frontend killed mid-run fails only its own streams, is taken out by the health check,
+and leaves new requests to the survivor.
 """
 from __future__ import annotations
 

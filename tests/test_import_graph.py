@@ -182,6 +182,7 @@ def test_a_worker_running_the_frontends_script_again_imports_no_server():
     import of the server, every worker loaded Gradio, FastAPI and the HTTP APIs that only the parent uses."""
     import subprocess
     import sys
+
     import tomllib
     target = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]["cosy-frontend"]
     module, _, function = target.partition(":")
@@ -212,7 +213,8 @@ def test_a_worker_building_its_engine_imports_no_dynamo_openai_or_typeguard_inst
             "def look():\n"
             "    said.append(parent.recv()[0])  # 'ready' once the engine is built\n"
             "    import inflect\n"
-            "    said.append(('torch._dynamo' in sys.modules, 'openai' in sys.modules, typeguard.typechecked is checked,\n"
+            "    said.append(('torch._dynamo' in sys.modules, 'openai' in sys.modules,\n"
+            "                 typeguard.typechecked is checked,\n"
             "                 'check_argument_types' in inflect.engine.number_to_words.__code__.co_names))\n"
             "    parent.send(None)  # the worker's loop ends\n"
             "looking = threading.Thread(target=look)\n"
@@ -223,5 +225,5 @@ def test_a_worker_building_its_engine_imports_no_dynamo_openai_or_typeguard_inst
             "from cosy.text.normalize import NumberSpeller; print(NumberSpeller()('year 2024, 7 days'))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.splitlines() == ["ready (False, False, True, False)",
-                                       "year two thousand and twenty-four, seven days"], (out.stdout, out.stderr[-2000:])
+    expected = ["ready (False, False, True, False)", "year two thousand and twenty-four, seven days"]
+    assert out.stdout.splitlines() == expected, (out.stdout, out.stderr[-2000:])

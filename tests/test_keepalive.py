@@ -18,7 +18,6 @@ from starlette.routing import Route
 
 from cosy.vllm_plugin.keepalive import COMMENT, INTERVAL, QueueKeepalive
 
-
 WAIT = 5.0  # seconds before the first token
 READ_TIMEOUT = 2.5  # the client's, as a frontend's --llm_stall_timeout (comments come every 1 s)
 

@@ -9,9 +9,22 @@ import re
 from urllib.parse import urlparse
 
 import pytest
-from manifests import (BACKEND_SRC, HAPROXY_CFG, HTTP_API, ROLES, ROOT, compose, compose_programs, effective_port,
-                       flag_value, k8s_containers, k8s_find, missing_flags, role_of_image, used_flags)
-from manifests import parsers  # noqa: F401 -- the module-scoped fixture
+from manifests import (
+    BACKEND_SRC,
+    HAPROXY_CFG,
+    HTTP_API,
+    ROLES,
+    ROOT,
+    compose,
+    compose_programs,
+    effective_port,
+    flag_value,
+    k8s_containers,
+    k8s_find,
+    missing_flags,
+    role_of_image,
+    used_flags,
+)
 
 from cosy.deploy import healthcheck
 

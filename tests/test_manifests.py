@@ -16,9 +16,18 @@ from pathlib import Path
 
 import pytest
 import yaml
-from manifests import (COMPOSE, HAPROXY_CFG, K8S, ROOT, compose, flag_value, k8s_containers, k8s_docs, k8s_files,
-                       k8s_find)
-from manifests import parsers  # noqa: F401 -- the module-scoped fixture
+from manifests import (
+    COMPOSE,
+    HAPROXY_CFG,
+    K8S,
+    ROOT,
+    compose,
+    flag_value,
+    k8s_containers,
+    k8s_docs,
+    k8s_files,
+    k8s_find,
+)
 
 from cosy.deploy import haproxy
 

@@ -83,8 +83,9 @@ def test_cached_stream_equals_recompute(plain, cached, make_prompt, step, speed)
     assert cached.state_budget.used() == 0  # a finished stream holds nothing
 
 
-@pytest.mark.parametrize("make_prompt,key,speed", [(golden_prompt, None, 1.0), (long_prompt, None, 1.0),
-                                                   (long_prompt, "voice-ahead", 1.0), (long_prompt, "voice-ahead", 0.5)])
+@pytest.mark.parametrize("make_prompt,key,speed", [
+    (golden_prompt, None, 1.0), (long_prompt, None, 1.0), (long_prompt, "voice-ahead", 1.0),
+    (long_prompt, "voice-ahead", 0.5)])
 def test_prompt_chunk_computed_ahead_equals_recompute(plain, make_prompt, key, speed):
     """The frames that complete the prompt's last chunk, computed once its pad tokens are there (while the
     LM makes the rest of the first chunk), then the first chunk from their state: the same chunks."""
