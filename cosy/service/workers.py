@@ -62,7 +62,7 @@ class WorkerPool:
             raise ValueError("workers and max_batch must be >= 1")
         if aging <= 0:
             raise ValueError("aging must be > 0 seconds")
-        self.spec, self.n_workers, self.max_queue = spec, workers, max_queue
+        self.spec, self.n_workers = spec, workers
         self.priorities, self.aging = priorities, aging
         self.max_batch = spec.max_batch  # jobs one worker process holds at once
         self.start_timeout = start_timeout
@@ -87,6 +87,16 @@ class WorkerPool:
         self.backend_health = self._ctx.Array("d", len(urls)) if urls else None
         self.worker_prepare = None  # picklable callable(engine) run in each worker after it is built
         self.cancel_grace = CANCEL_GRACE
+
+    @property
+    def max_queue(self) -> int:
+        """How many jobs of a class, or of a more urgent one, may wait (the queue's bound; may be changed)."""
+        return self._waiting.max_queue
+
+    @max_queue.setter
+    def max_queue(self, n: int) -> None:
+        with self._ready:
+            self._waiting.max_queue = n
 
     def start(self) -> "WorkerPool":
         """Start every worker and wait until each has loaded its models; RuntimeError if one fails."""
