@@ -29,7 +29,8 @@ from typing import Any
 from torch import Tensor
 
 from cosy.pipeline.timing import SentenceMark, SentenceTiming
-from cosy.text.origin import Origin, caller_span, trim
+from cosy.text.offsets import trim
+from cosy.text.origin import Origin, caller_span
 
 
 class CallerText:

@@ -46,7 +46,7 @@ def segment_spans(original: str, segments: Sequence[str]) -> list[tuple[int, int
         bounds.append(pos)
         start = cut
     bounds.append(len(original))
-    return [_trim(original, bounds[k], bounds[k + 1]) for k in range(len(segments))]
+    return [trim(original, bounds[k], bounds[k + 1]) for k in range(len(segments))]
 
 
 def _opcodes(a: str, b: str) -> list[tuple[str, int, int, int, int]]:
@@ -64,7 +64,8 @@ def _position(ops: list[tuple[str, int, int, int, int]], p: int) -> int:
     return ops[-1][4] if ops else 0
 
 
-def _trim(text: str, begin: int, end: int) -> tuple[int, int]:
+def trim(text: str, begin: int, end: int) -> tuple[int, int]:
+    """[begin, end) without blanks at either end."""
     while begin < end and text[begin].isspace():
         begin += 1
     while end > begin and text[end - 1].isspace():

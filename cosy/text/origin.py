@@ -17,7 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["Origin", "caller_span", "caller_spans", "trim"]
+from cosy.text.offsets import trim
+
+__all__ = ["Origin", "caller_span", "caller_spans"]
 
 
 class Origin:
@@ -119,12 +121,3 @@ def caller_spans(spans: Sequence[tuple[int, int]], origins: Sequence[Origin],
         begin, floor = caller_span(begin, end, origins, floor)
         out.append(trim(text, begin, floor))
     return out
-
-
-def trim(text: str, begin: int, end: int) -> tuple[int, int]:
-    """[begin, end) without blanks at either end."""
-    while begin < end and text[begin].isspace():
-        begin += 1
-    while end > begin and text[end - 1].isspace():
-        end -= 1
-    return begin, end
