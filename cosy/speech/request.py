@@ -16,7 +16,6 @@ class LiveRequest:
     payload: dict
     arrival: float = field(default_factory=time.monotonic)
     cancelled: threading.Event = field(default_factory=threading.Event)
-    chunks: int = 0  # flow/HiFT work items run so far
     heard: bool = False  # its first audio chunk was sent (a listener's hold on less urgent work ends)
     first_text: float | None = None  # "duplex": when its first text piece came (a listener's hold starts)
     text: queue.Queue = field(default_factory=queue.Queue)  # "duplex": text pieces, None ends the text

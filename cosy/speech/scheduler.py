@@ -121,7 +121,6 @@ class SpeechScheduler:
         item.done.wait()
         if item.error is not None:
             raise item.error
-        request.chunks += 1
         return item.result
 
     def heard(self, request: LiveRequest) -> None:
